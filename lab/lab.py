@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""The dflash.trainer lab: a Proxmox-like host on this machine, one command up, one down.
+
+    python3 lab/lab.py up [--ids 200 201 ...]   # idempotent
+    python3 lab/lab.py down [--ids ...] [--purge]
+    python3 lab/lab.py status
+
+What `up` builds (all real parts, only the GPU is simulated):
+- a Debian bookworm rootfs (debootstrap, minbase + systemd + python3), cached once under
+  CACHE_DIR, the mirror read from this machine's apt configuration at run time;
+- one LXC container per id with systemd as PID 1, rootfs = overlay(cache, per-container upper),
+  no network (lxc.net.0.type = empty);
+- the simulated GPU (lab/fakegpu: library + nvidia-smi stand-in) inside each container;
+- /usr/sbin/pct (lab/pct): Proxmox's pct CLI shapes on top of lxc-attach/lxc-start;
+- sshd on 127.0.0.1:PORT with its own host key, pid file and a client key, so playbooks take the
+  real path ssh -> pct exec -> container.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CACHE_DIR = os.environ.get("DFLASH_LAB_CACHE", "/var/cache/dflash-lab")
+STATE_DIR = os.environ.get("DFLASH_LAB_STATE", "/var/lib/dflash-lab")
+LXC_PATH = "/var/lib/lxc"
+SSH_PORT = int(os.environ.get("DFLASH_LAB_SSH_PORT", "2222"))
+SSH_DIR = os.path.join(STATE_DIR, "ssh")
+PCT_PATH = "/usr/sbin/pct"
+HOST_PACKAGES = ["lxc", "debootstrap", "openssh-server", "openssh-client"]
+ROOTFS_PACKAGES = "systemd,systemd-sysv,python3,dbus,procps"
+DEFAULT_GPU_CONFIG = {"count": 8, "memory_mib": 81559, "name": "NVIDIA H100 80GB HBM3", "release_delay_s": 0}
+
+
+def log(msg):
+    print("lab: " + msg, flush=True)
+
+
+def run(argv, **kw):
+    kw.setdefault("check", True)
+    return subprocess.run(argv, **kw)
+
+
+def apt_mirror(sources_dir="/etc/apt/sources.list.d", sources_list="/etc/apt/sources.list"):
+    """First Debian mirror of this machine's apt configuration (deb822 `URIs:` or one-line form)."""
+    for path in sorted(glob.glob(os.path.join(sources_dir, "*.sources"))):
+        with open(path) as fh:
+            text = fh.read()
+        for stanza in re.split(r"\n\s*\n", text):
+            if re.search(r"^Suites:.*\bbookworm\b", stanza, re.M) and "security" not in stanza:
+                m = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+                if m:
+                    return m.group(1)
+    if os.path.exists(sources_list):
+        with open(sources_list) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and parts[0] == "deb" and "security" not in line:
+                    return [p for p in parts[1:] if not p.startswith("[")][0]
+    raise SystemExit("lab: no Debian mirror found in the apt configuration (%s, %s)" % (sources_dir, sources_list))
+
+
+def ensure_host_packages():
+    missing = [p for p in HOST_PACKAGES
+               if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True)
+               .stdout.strip() != "install ok installed"]
+    if missing:
+        log("installing host packages: " + " ".join(missing))
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing, env=env, stdout=subprocess.DEVNULL)
+
+
+def rootfs_path():
+    return os.path.join(CACHE_DIR, "rootfs")
+
+
+def ensure_rootfs():
+    target = rootfs_path()
+    if os.path.exists(os.path.join(target, "usr/bin/python3")):
+        return
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    tmp = target + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    mirror = apt_mirror()
+    log("debootstrap bookworm (≈ 1 min, cached in %s afterwards)" % CACHE_DIR)
+    run(["debootstrap", "--variant=minbase", "--include=" + ROOTFS_PACKAGES, "bookworm", tmp, mirror],
+        stdout=subprocess.DEVNULL)
+    os.rename(tmp, target)
+
+
+def lxc_config(vmid):
+    upper = os.path.join(STATE_DIR, "ct", vmid, "upper")
+    return "\n".join([
+        "# written by dflash.trainer lab/lab.py",
+        "lxc.include = /usr/share/lxc/config/common.conf",
+        "lxc.uts.name = ct%s" % vmid,
+        "lxc.rootfs.path = overlay:%s:%s" % (rootfs_path(), upper),
+        "lxc.net.0.type = empty",
+        "lxc.apparmor.profile = unconfined",
+        "lxc.autodev = 1",
+        "lxc.init.cmd = /sbin/init",
+        "",
+    ])
+
+
+def install_into(upper, rel, src, mode):
+    dst = os.path.join(upper, rel.lstrip("/"))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.copyfile(src, dst)
+    os.chmod(dst, mode)
+
+
+def seed_container(vmid):
+    """Files every lab container gets in its upper layer before it boots."""
+    upper = os.path.join(STATE_DIR, "ct", vmid, "upper")
+    os.makedirs(upper, exist_ok=True)
+    fakegpu = os.path.join(HERE, "fakegpu")
+    install_into(upper, "/usr/lib/python3/dist-packages/fakegpu.py", os.path.join(fakegpu, "fakegpu.py"), 0o644)
+    install_into(upper, "/usr/bin/nvidia-smi", os.path.join(fakegpu, "nvidia-smi"), 0o755)
+    cfg = os.path.join(upper, "var/lib/fakegpu/config.json")
+    if not os.path.exists(cfg):
+        os.makedirs(os.path.dirname(cfg), exist_ok=True)
+        with open(cfg, "w") as fh:
+            json.dump(DEFAULT_GPU_CONFIG, fh)
+    with open(_mk(upper, "etc/hostname"), "w") as fh:
+        fh.write("ct%s\n" % vmid)
+
+
+def _mk(upper, rel):
+    path = os.path.join(upper, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def lxc_running(vmid):
+    out = subprocess.run(["lxc-info", "-n", vmid, "-s", "-H"], capture_output=True, text=True).stdout
+    return out.strip() == "RUNNING"
+
+
+def wait_booted(vmid, timeout=60):
+    """Poll systemd inside the container until it has finished booting."""
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = subprocess.run(["lxc-attach", "-n", vmid, "--", "systemctl", "is-system-running"],
+                               capture_output=True, text=True).stdout.strip()
+        if state in ("running", "degraded"):
+            return state
+        time.sleep(0.1)
+    raise SystemExit("lab: container %s did not finish booting in %d s (systemd says %r)" % (vmid, timeout, state))
+
+
+def ensure_container(vmid):
+    conf_dir = os.path.join(LXC_PATH, vmid)
+    os.makedirs(conf_dir, exist_ok=True)
+    os.makedirs(os.path.join(STATE_DIR, "ct", vmid), exist_ok=True)
+    with open(os.path.join(conf_dir, "config"), "w") as fh:
+        fh.write(lxc_config(vmid))
+    if not lxc_running(vmid):
+        seed_container(vmid)
+        run(["lxc-start", "-n", vmid, "-d"])
+    else:
+        # refresh the simulated GPU code in a running container through the container itself
+        for rel, src, mode in (("/usr/lib/python3/dist-packages/fakegpu.py", "fakegpu/fakegpu.py", "0644"),
+                               ("/usr/bin/nvidia-smi", "fakegpu/nvidia-smi", "0755")):
+            with open(os.path.join(HERE, src), "rb") as fh:
+                run(["lxc-attach", "-n", vmid, "--", "sh", "-c", 'cat > "$1.new" && chmod "$2" "$1.new" && mv "$1.new" "$1"',
+                     "sh", rel, mode], stdin=fh)
+    state = wait_booted(vmid)
+    log("container %s: systemd %s" % (vmid, state))
+
+
+def ensure_pct():
+    src = os.path.join(HERE, "pct")
+    tmp = PCT_PATH + ".new"
+    shutil.copyfile(src, tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, PCT_PATH)
+
+
+def sshd_config():
+    return "\n".join([
+        "# dflash.trainer lab sshd: loopback only, key auth only",
+        "Port %d" % SSH_PORT,
+        "ListenAddress 127.0.0.1",
+        "HostKey %s/ssh_host_ed25519_key" % SSH_DIR,
+        "PidFile %s/sshd.pid" % SSH_DIR,
+        "AuthorizedKeysFile %s/authorized_keys" % SSH_DIR,
+        "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes no",
+        "MaxSessions 64",
+        "MaxStartups 64:30:128",
+        # A stock Proxmox root shell has no pyenv; this host's ~/.bashrc runs `pyenv init` for
+        # every ssh command (bash sources it when SHLVL < 2 under ssh). SHLVL=1 keeps it out.
+        "SetEnv SHLVL=1",
+        "Subsystem sftp /usr/lib/openssh/sftp-server",
+        "",
+    ])
+
+
+def sshd_pid():
+    try:
+        with open(os.path.join(SSH_DIR, "sshd.pid")) as fh:
+            pid = int(fh.read().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_sshd():
+    os.makedirs(SSH_DIR, mode=0o700, exist_ok=True)
+    hostkey = os.path.join(SSH_DIR, "ssh_host_ed25519_key")
+    client = os.path.join(SSH_DIR, "id_ed25519")
+    for key in (hostkey, client):
+        if not os.path.exists(key):
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflash-lab", "-f", key])
+    with open(client + ".pub") as fh:
+        pub = fh.read()
+    with open(os.path.join(SSH_DIR, "authorized_keys"), "w") as fh:
+        fh.write(pub)
+    cfg = os.path.join(SSH_DIR, "sshd_config")
+    with open(cfg, "w") as fh:
+        fh.write(sshd_config())
+    os.makedirs("/run/sshd", exist_ok=True)
+    run(["/usr/sbin/sshd", "-t", "-f", cfg])
+    pid = sshd_pid()
+    if pid:
+        os.kill(pid, 1)  # SIGHUP: reread the config
+    else:
+        run(["/usr/sbin/sshd", "-f", cfg])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        probe = subprocess.run(ssh_argv() + ["true"], capture_output=True)
+        if probe.returncode == 0:
+            log("sshd on 127.0.0.1:%d" % SSH_PORT)
+            return
+        time.sleep(0.1)
+    raise SystemExit("lab: sshd on 127.0.0.1:%d does not accept the lab key" % SSH_PORT)
+
+
+def ssh_argv():
+    return ["ssh", "-p", str(SSH_PORT), "-i", os.path.join(SSH_DIR, "id_ed25519"),
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "root@127.0.0.1"]
+
+
+def write_facts(ids):
+    facts = {"ssh_host": "127.0.0.1", "ssh_port": SSH_PORT, "ssh_user": "root",
+             "ssh_private_key": os.path.join(SSH_DIR, "id_ed25519"), "pct": PCT_PATH,
+             "containers": sorted(set(ids) | set(lab_ids()), key=int)}
+    with open(os.path.join(STATE_DIR, "lab.json"), "w") as fh:
+        json.dump(facts, fh, indent=2)
+
+
+def lab_ids():
+    base = os.path.join(STATE_DIR, "ct")
+    return sorted((d for d in os.listdir(base) if d.isdigit()), key=int) if os.path.isdir(base) else []
+
+
+def up(ids):
+    ensure_host_packages()
+    ensure_rootfs()
+    ensure_pct()
+    for vmid in ids:
+        ensure_container(vmid)
+    ensure_sshd()
+    write_facts(ids)
+    log("up: containers %s; try: %s pct exec %s -- nvidia-smi -L" % (" ".join(ids), " ".join(ssh_argv()), ids[0]))
+
+
+def down(ids, purge):
+    for vmid in ids:
+        if lxc_running(vmid):
+            run(["lxc-stop", "-n", vmid, "-k"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(os.path.join(LXC_PATH, vmid), ignore_errors=True)
+        shutil.rmtree(os.path.join(STATE_DIR, "ct", vmid), ignore_errors=True)
+        log("container %s removed" % vmid)
+    if not lab_ids():
+        pid = sshd_pid()
+        if pid:
+            os.kill(pid, 15)
+            log("sshd stopped")
+    if purge:
+        shutil.rmtree(CACHE_DIR, ignore_errors=True)
+        log("rootfs cache removed")
+
+
+def status():
+    for vmid in lab_ids():
+        print("%s %s" % (vmid, "running" if lxc_running(vmid) else "stopped"))
+    print("sshd %s" % ("running pid %d" % sshd_pid() if sshd_pid() else "stopped"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="lab", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("up", "down"):
+        s = sub.add_parser(name)
+        s.add_argument("--ids", nargs="+", default=None, help="container ids (default: 200 for up, all for down)")
+        if name == "down":
+            s.add_argument("--purge", action="store_true", help="also remove the cached rootfs")
+    sub.add_parser("status")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("lab: must run as root (LXC containers, /usr/sbin/pct, sshd)")
+    if args.cmd in ("up", "down") and args.ids:
+        bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
+        if bad:
+            raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
+    if args.cmd == "up":
+        up(args.ids or ["200"])
+    elif args.cmd == "down":
+        down(args.ids or lab_ids(), args.purge)
+    else:
+        status()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

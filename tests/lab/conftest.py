@@ -1,0 +1,48 @@
+"""Fixtures for tests that run against the real lab (LXC + /usr/sbin/pct + sshd on loopback).
+
+The lab is brought up (idempotently) once per session with `python3 lab/lab.py up`; tests
+never skip when it is missing: a lab test that cannot reach the lab fails.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB_STATE = os.environ.get("DFLASH_LAB_STATE", "/var/lib/dflash-lab")
+
+
+class Lab:
+    def __init__(self, facts):
+        self.facts = facts
+        self.host = facts["ssh_host"]
+        self.port = facts["ssh_port"]
+        self.user = facts["ssh_user"]
+        self.key = facts["ssh_private_key"]
+
+    def ssh_argv(self, *extra):
+        return ["ssh", "-p", str(self.port), "-i", self.key, "-o", "StrictHostKeyChecking=no",
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
+                *extra, "%s@%s" % (self.user, self.host)]
+
+    def pct(self, *args, **kw):
+        """Run `pct ARGS` on the lab host (directly: the lab host is this machine)."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        kw.setdefault("timeout", 120)
+        return subprocess.run(["pct", *args], **kw)
+
+    def ct(self, vmid, *cmd, **kw):
+        """Run CMD inside container VMID through pct exec."""
+        return self.pct("exec", str(vmid), "--", *cmd, **kw)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    ids = os.environ.get("DFLASH_LAB_IDS", "200").split()
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", *ids],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(LAB_STATE, "lab.json")) as fh:
+        return Lab(json.load(fh))
