@@ -1,0 +1,47 @@
+# dflash.trainer — the two Quick start commands are `make lab && .venv/bin/ansible-playbook
+# deploy.yml -l gpu-host` and `make test`. Everything runs as root on a Debian bookworm host.
+SHELL := /bin/bash
+VENV := .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+LAB_IDS ?= 200 201
+
+.PHONY: setup lab deploy test test-unit test-lab lint sanity molecule bench clean-lab
+
+$(VENV)/.installed: requirements-dev.txt
+	bash .ci/host-packages
+	python3 -m venv $(VENV) || { apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	touch $@
+
+setup: $(VENV)/.installed
+
+lab: setup
+	python3 lab/lab.py up --ids $(LAB_IDS)
+
+deploy: lab
+	ansible-playbook deploy.yml -l gpu-host
+
+test: lab test-unit test-lab lint sanity molecule
+
+test-unit: setup
+	python -m pytest -q tests/unit
+
+test-lab: lab
+	python -m pytest -q tests/lab
+
+lint: setup
+	ansible-lint --profile production
+
+sanity: setup
+	bash .ci/sanity
+
+molecule: lab
+	molecule test --all
+
+bench: lab
+	python bench/run.py
+
+clean-lab:
+	python3 lab/lab.py down
