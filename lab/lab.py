@@ -165,6 +165,7 @@ def ensure_container(vmid):
     if not lxc_running(vmid):
         seed_container(vmid)
         run(["lxc-start", "-n", vmid, "-d"])
+        log("container %s started" % vmid)
     else:
         # refresh the simulated GPU code in a running container through the container itself
         for rel, src, mode in (("/usr/lib/python3/dist-packages/fakegpu.py", "fakegpu/fakegpu.py", "0644"),
