@@ -1,0 +1,586 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_release
+short_description: Immutable, content-addressed code releases with an atomic C(current) switch
+description:
+  - Keeps releases of a code tree under C(<root>/releases/<id>), where C(<id>) is the first 16 hex
+    characters of a content hash of the tree (paths, types, modes, file contents, symlink targets;
+    not mtimes). C(<root>/current) is a relative symlink to C(releases/<id>), switched atomically
+    (new symlink, then rename over the old one). C(<root>/last_good) holds the id of the last
+    release that passed the readiness proof.
+  - With O(src), the action plugin computes the id on the controller and asks the target whether
+    that release already exists. Only when it does not, the tree goes over as B(one) deterministic
+    tar.gz (one file transfer), extracted into C(releases/.tmp-<id>-*), checked against the id,
+    completed by a marker file C(.dflash-release) written last, then renamed into place. A
+    deploy that changes nothing is one module run with C(changed=false).
+  - A partial release (interrupted extraction) is never eligible for C(current); stale
+    C(.tmp-*) directories are removed by the next run that writes.
+  - Extraction follows the rules of Python's C(tarfile) C(data) filter, implemented in the
+    collection because Debian bookworm's Python 3.11.2 predates it - only directories, regular
+    files and relative symlinks that stay inside the release; no absolute paths, no C(..), no
+    devices or hard links; setuid/setgid/sticky and group/other write bits dropped.
+version_added: 0.1.0
+author:
+  - dflash.trainer maintainers (@dflash)
+options:
+  root:
+    description:
+      - Directory that holds C(releases/), C(current) and C(last_good). Created with O(state=present)
+        when missing.
+    type: path
+    required: true
+  state:
+    description:
+      - V(present) makes O(release) (or the release built from O(src)) exist and points C(current)
+        at it, then prunes old releases.
+      - V(rollback) points C(current) at the release recorded in C(last_good), or at O(release).
+      - V(mark_good) records the release C(current) points at (or O(release)) in C(last_good).
+      - V(query) only reads and returns C(current), C(last_good) and the releases.
+    type: str
+    choices: [present, rollback, mark_good, query]
+    default: present
+  src:
+    description:
+      - B(Action plugin option, read on the controller.) Directory whose contents become the release.
+        A relative path is searched like the M(ansible.builtin.copy) module's O(ansible.builtin.copy#module:src)
+        (role C(files/), playbook directory).
+      - The task fails before touching the target if it is missing or not a directory, if it holds a
+        device, fifo or socket, or a symlink that is absolute or leads outside the tree.
+      - Only with O(state=present); mutually exclusive with O(release) and O(archive).
+    type: path
+  excludes:
+    description:
+      - B(Action plugin option.) fnmatch patterns matched against every path component and against
+        the path relative to O(src); a match leaves out the entry (and everything below it).
+      - Only with O(src).
+    type: list
+    elements: str
+    default: ['.git', '__pycache__', '*.pyc', 'checkpoints']
+  release:
+    description:
+      - Release id. Required with O(state=present) when O(src) is not given.
+      - With O(state=rollback) or O(state=mark_good), the release to switch to or to record instead
+        of C(last_good) / C(current).
+    type: str
+  archive:
+    description:
+      - Path B(on the target) of a tar.gz of the release, as built by the action plugin. Used only
+        when the release does not exist yet; its content hash must match O(release).
+    type: path
+  keep:
+    description:
+      - Number of newest releases to keep with O(state=present); the release C(current) points at
+        and C(last_good) are never removed on top of that.
+    type: int
+    default: 5
+extends_documentation_fragment:
+  - action_common_attributes
+  - action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Reports what would be transferred, switched and pruned without transferring or writing.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+notes:
+  - Run as a user that owns O(root). Files in a release belong to that user; owners from the
+    archive are ignored.
+  - Concurrent runs against the same O(root) are serialised with a lock file C(<root>/.lock).
+seealso:
+  - module: ansible.builtin.copy
+"""
+
+EXAMPLES = r"""
+- name: Deploy the trainer code (one archive transfer only when the content changed)
+  dflash.trainer.trainer_release:
+    root: /opt/dflash-trainer
+    src: "{{ playbook_dir }}/../examples/trainer/"
+    excludes: ['.git', '__pycache__', '*.pyc', 'checkpoints', '*.log']
+    keep: 5
+  register: trainer_release
+
+- name: Record the running release as good once the readiness proof passed
+  dflash.trainer.trainer_release:
+    root: /opt/dflash-trainer
+    state: mark_good
+
+- name: Go back to the last good release
+  dflash.trainer.trainer_release:
+    root: /opt/dflash-trainer
+    state: rollback
+
+- name: Which release is live?
+  dflash.trainer.trainer_release:
+    root: /opt/dflash-trainer
+    state: query
+  register: trainer_release_state
+"""
+
+RETURN = r"""
+release:
+  description: Release id the task worked on (for V(query), the one C(current) points at).
+  returned: always
+  type: str
+  sample: 3f2a9c0d41b7e8a5
+previous:
+  description:
+    - Release C(current) pointed at before the task (V(present), V(rollback)), or the previous
+      C(last_good) (V(mark_good)). V(null) when there was none.
+  returned: when state is present, rollback or mark_good
+  type: str
+  sample: 91c04d7e22aa0b13
+switched:
+  description: Whether C(current) was (or, in check mode, would be) switched.
+  returned: when state is present or rollback
+  type: bool
+  sample: true
+transferred:
+  description: Whether the release was (or would be) unpacked from an archive in this run.
+  returned: when state is present
+  type: bool
+  sample: true
+needs_archive:
+  description:
+    - The release does not exist on the target and no O(archive) was given. Nothing was touched.
+      The action plugin answers by uploading the archive; it never shows up in its result.
+  returned: when state is present and the module is called without the action plugin
+  type: bool
+  sample: false
+releases:
+  description: Complete releases under C(<root>/releases), newest first, after the task.
+  returned: always
+  type: list
+  elements: str
+  sample: [3f2a9c0d41b7e8a5, 91c04d7e22aa0b13]
+pruned:
+  description: Releases removed (or that would be removed) by O(keep).
+  returned: when state is present
+  type: list
+  elements: str
+  sample: [0a1b2c3d4e5f6071]
+cleaned:
+  description: Leftovers of interrupted runs (C(.tmp-*) directories, temporary links) removed.
+  returned: when state is present
+  type: list
+  elements: str
+  sample: [releases/.tmp-3f2a9c0d41b7e8a5-x1y2z3]
+current:
+  description: Release C(current) points at after the task.
+  returned: always
+  type: str
+  sample: 3f2a9c0d41b7e8a5
+last_good:
+  description: Release recorded in C(<root>/last_good), V(null) if none.
+  returned: always
+  type: str
+  sample: 91c04d7e22aa0b13
+file_count:
+  description: Regular files in the O(src) tree (action plugin).
+  returned: when O(src) is given
+  type: int
+  sample: 42
+bytes:
+  description: Total size of the regular files in the O(src) tree (action plugin).
+  returned: when O(src) is given
+  type: int
+  sample: 183340
+archive_bytes:
+  description: Size of the archive that was (or would be) transferred (action plugin).
+  returned: when O(src) is given and a transfer happened
+  type: int
+  sample: 51234
+"""
+
+import datetime
+import errno
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._release import (
+    DEFAULT_EXCLUDES,
+    MARKER_NAME,
+    RELEASE_ID_LEN,
+    ReleaseError,
+    extract_archive,
+    fsync_dir,
+    order_newest_first,
+    plan_prune,
+)
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+TMP_PREFIX = ".tmp-"
+
+
+class ReleaseModuleError(Exception):
+    def __init__(self, msg, **result):
+        super(ReleaseModuleError, self).__init__(msg)
+        self.msg = msg
+        self.result = result
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the layout
+
+def releases_dir(root):
+    return os.path.join(root, "releases")
+
+
+def release_path(root, rid):
+    return os.path.join(releases_dir(root), rid)
+
+
+def validate_id(rid, what="release"):
+    if not rid or not _ID_RE.match(rid):
+        raise ReleaseModuleError("invalid %s id %r: expected letters, digits, '.', '_' or '-', "
+                                 "not starting with '.'" % (what, rid))
+    return rid
+
+
+def is_complete(root, rid):
+    """A complete release: a real directory releases/<id> holding the marker file."""
+    path = release_path(root, rid)
+    return (os.path.isdir(path) and not os.path.islink(path)
+            and os.path.isfile(os.path.join(path, MARKER_NAME)))
+
+
+def list_releases(root):
+    """Complete releases: id -> marker mtime. Partial, temporary and foreign entries are ignored."""
+    out = {}
+    try:
+        names = os.listdir(releases_dir(root))
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return out
+        raise
+    for name in names:
+        if name.startswith(".") or not _ID_RE.match(name):
+            continue
+        if is_complete(root, name):
+            out[name] = os.stat(os.path.join(release_path(root, name), MARKER_NAME)).st_mtime
+    return out
+
+
+def read_current(root):
+    """Id that root/current points at, or None. Fails on a `current` that is not our symlink."""
+    path = os.path.join(root, "current")
+    if not os.path.lexists(path):
+        return None
+    if not os.path.islink(path):
+        raise ReleaseModuleError("%s exists and is not a symlink; refusing to manage it" % path)
+    target = os.readlink(path)
+    if not os.path.isabs(target):
+        target = os.path.join(root, target)
+    target = os.path.normpath(target)
+    if os.path.dirname(target) != os.path.normpath(releases_dir(root)):
+        raise ReleaseModuleError("%s points at %s, which is not a release under %s"
+                                 % (path, os.readlink(path), releases_dir(root)))
+    return os.path.basename(target)
+
+
+def read_last_good(root):
+    path = os.path.join(root, "last_good")
+    try:
+        with open(path) as f:
+            value = f.read().strip()
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise
+    return value or None
+
+
+def stale_entries(root):
+    """Leftovers of interrupted runs, as paths relative to root."""
+    out = []
+    rdir = releases_dir(root)
+    if os.path.isdir(rdir):
+        out.extend("releases/" + n for n in sorted(os.listdir(rdir)) if n.startswith(TMP_PREFIX))
+    if os.path.isdir(root):
+        out.extend(n for n in sorted(os.listdir(root))
+                   if n.startswith("current.tmp-") or n.startswith("last_good.tmp-"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+def _rand():
+    return os.urandom(4).hex()
+
+
+def remove_path(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def switch_current(root, rid):
+    """current -> releases/<rid>, atomically: a new relative symlink renamed over the old one."""
+    tmp = os.path.join(root, "current.tmp-" + _rand())
+    os.symlink(os.path.join("releases", rid), tmp)
+    try:
+        os.replace(tmp, os.path.join(root, "current"))
+    except OSError:
+        os.unlink(tmp)
+        raise
+    fsync_dir(root)
+
+
+def write_last_good(root, rid):
+    tmp = os.path.join(root, "last_good.tmp-" + _rand())
+    with open(tmp, "w") as f:
+        f.write(rid + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, os.path.join(root, "last_good"))
+    fsync_dir(root)
+
+
+def install_release(root, rid, archive):
+    """Extract archive into releases/.tmp-<id>-*, verify, write the marker last, rename."""
+    rdir = releases_dir(root)
+    final = release_path(root, rid)
+    tmp = tempfile.mkdtemp(prefix="%s%s-" % (TMP_PREFIX, rid), dir=rdir)
+    try:
+        try:
+            digest = extract_archive(archive, tmp)
+        except (ReleaseError, OSError, EOFError, ValueError) as e:
+            raise ReleaseModuleError("Unable to unpack release %s from %s: %s" % (rid, archive, e))
+        if digest[:RELEASE_ID_LEN] != rid:
+            raise ReleaseModuleError("Unable to install release %s: the archive %s holds release %s "
+                                     "(content changed or wrong archive)"
+                                     % (rid, archive, digest[:RELEASE_ID_LEN]))
+        now = time.time()
+        marker = {
+            "id": rid,
+            "digest": digest,
+            "created": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(),
+            "created_epoch": now,
+        }
+        with open(os.path.join(tmp, MARKER_NAME), "w") as f:
+            json.dump(marker, f, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        fsync_dir(tmp)
+        if os.path.lexists(final):  # an incomplete leftover with our id (no marker)
+            aside = os.path.join(rdir, "%s%s-incomplete-%s" % (TMP_PREFIX, rid, _rand()))
+            os.rename(final, aside)
+            remove_path(aside)
+        os.rename(tmp, final)
+        fsync_dir(rdir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def delete_release(root, rid):
+    """Rename out of the releases namespace first, so a half-deleted release never looks complete."""
+    aside = os.path.join(releases_dir(root), "%sdelete-%s-%s" % (TMP_PREFIX, rid, _rand()))
+    os.rename(release_path(root, rid), aside)
+    shutil.rmtree(aside)
+
+
+class _Lock(object):
+    def __init__(self, root):
+        self.path = os.path.join(root, ".lock")
+        self.fd = None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        if fcntl is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# states
+
+def _present(params, check_mode):
+    root = params["root"]
+    rid = validate_id(params.get("release"))
+    archive = params.get("archive")
+    keep = params["keep"]
+    if keep < 0:
+        raise ReleaseModuleError("keep must be 0 or more, got %d" % keep)
+
+    previous = read_current(root)
+    complete = is_complete(root, rid)
+    result = dict(changed=False, release=rid, previous=previous, switched=False,
+                  transferred=False, needs_archive=False, pruned=[], cleaned=[],
+                  last_good=read_last_good(root))
+
+    if not complete and not archive:
+        # Decide before touching anything: the action plugin uploads and calls again.
+        result.update(needs_archive=True, current=previous,
+                      releases=order_newest_first(list_releases(root)))
+        return result
+    if not complete and not os.path.isfile(archive):
+        raise ReleaseModuleError("Unable to install release %s: archive %s does not exist on the target"
+                                 % (rid, archive))
+
+    if check_mode:
+        releases = list_releases(root)
+        if not complete:
+            releases[rid] = time.time()
+        result["transferred"] = not complete
+        result["switched"] = previous != rid
+        result["cleaned"] = stale_entries(root)
+        result["pruned"] = plan_prune(releases, rid, result["last_good"], keep)
+        result["releases"] = [r for r in order_newest_first(releases) if r not in result["pruned"]]
+        result["current"] = rid
+        result["changed"] = bool(result["transferred"] or result["switched"] or result["pruned"]
+                                 or result["cleaned"])
+        return result
+
+    os.makedirs(releases_dir(root), mode=0o755, exist_ok=True)
+    with _Lock(root):
+        # re-read under the lock: another run may have installed or switched meanwhile
+        previous = read_current(root)
+        result["previous"] = previous
+        for rel in stale_entries(root):
+            remove_path(os.path.join(root, rel))
+            result["cleaned"].append(rel)
+        if not is_complete(root, rid):
+            install_release(root, rid, archive)
+            result["transferred"] = True
+        if previous != rid:
+            switch_current(root, rid)
+            result["switched"] = True
+        last_good = read_last_good(root)
+        for old in plan_prune(list_releases(root), rid, last_good, keep):
+            delete_release(root, old)
+            result["pruned"].append(old)
+        result["last_good"] = last_good
+        result["current"] = read_current(root)
+        result["releases"] = order_newest_first(list_releases(root))
+    result["changed"] = bool(result["transferred"] or result["switched"] or result["pruned"]
+                             or result["cleaned"])
+    return result
+
+
+def _rollback(params, check_mode):
+    root = params["root"]
+    last_good = read_last_good(root)
+    if params.get("release"):
+        rid = validate_id(params["release"])
+        if not is_complete(root, rid):
+            raise ReleaseModuleError("Unable to roll back to release %s: it is not a complete release "
+                                     "under %s" % (rid, releases_dir(root)))
+    else:
+        if last_good is None:
+            raise ReleaseModuleError("no last good release recorded under %s; nothing to roll back to"
+                                     % root)
+        rid = last_good
+        if not _ID_RE.match(rid) or not is_complete(root, rid):
+            raise ReleaseModuleError("last good release %s recorded under %s is not a complete release "
+                                     "(missing %s); nothing to roll back to"
+                                     % (rid, root, os.path.join(release_path(root, rid), MARKER_NAME)))
+    previous = read_current(root)
+    switched = previous != rid
+    if switched and not check_mode:
+        with _Lock(root):
+            switch_current(root, rid)
+    return dict(changed=switched, release=rid, previous=previous, switched=switched,
+                current=rid, last_good=last_good, releases=order_newest_first(list_releases(root)))
+
+
+def _mark_good(params, check_mode):
+    root = params["root"]
+    if params.get("release"):
+        rid = validate_id(params["release"])
+    else:
+        rid = read_current(root)
+        if rid is None:
+            raise ReleaseModuleError("no current release under %s; nothing to mark good" % root)
+    if not is_complete(root, rid):
+        raise ReleaseModuleError("Unable to mark release %s good: it is not a complete release under %s"
+                                 % (rid, releases_dir(root)))
+    previous = read_last_good(root)
+    changed = previous != rid
+    if changed and not check_mode:
+        with _Lock(root):
+            write_last_good(root, rid)
+    return dict(changed=changed, release=rid, previous=previous, last_good=rid,
+                current=read_current(root), releases=order_newest_first(list_releases(root)))
+
+
+def _query(params, check_mode):
+    root = params["root"]
+    current = read_current(root)
+    return dict(changed=False, release=current, current=current, last_good=read_last_good(root),
+                releases=order_newest_first(list_releases(root)))
+
+
+STATES = {"present": _present, "rollback": _rollback, "mark_good": _mark_good, "query": _query}
+
+
+def run(params, check_mode=False):
+    """All of the module's behaviour, callable without Ansible. Raises ReleaseModuleError."""
+    if params.get("src"):
+        raise ReleaseModuleError(
+            "src is read on the controller by the dflash.trainer.trainer_release action plugin; "
+            "the module on the target takes release= (and archive=)")
+    root = os.path.abspath(params["root"])
+    params = dict(params, root=root)
+    return STATES[params.get("state") or "present"](params, check_mode)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", required=True),
+            state=dict(type="str", default="present", choices=sorted(STATES)),
+            src=dict(type="path"),
+            excludes=dict(type="list", elements="str", default=list(DEFAULT_EXCLUDES)),
+            release=dict(type="str"),
+            archive=dict(type="path"),
+            keep=dict(type="int", default=5),
+        ),
+        required_if=[("state", "present", ("release", "src"), True)],
+        mutually_exclusive=[("src", "release"), ("src", "archive")],
+        supports_check_mode=True,
+    )
+    try:
+        result = run(module.params, module.check_mode)
+    except ReleaseModuleError as e:
+        module.fail_json(msg=e.msg, **e.result)
+    except OSError as e:
+        module.fail_json(msg="Unable to manage releases under %s: %s" % (module.params["root"], e))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

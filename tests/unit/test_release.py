@@ -1,0 +1,302 @@
+"""plugins/module_utils/_release.py: content hash, excludes, archive, safe extraction, prune plan."""
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+
+import pytest
+
+from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
+
+# A tree is data: relpath -> spec. bytes = file (mode 0644), (bytes, mode) = file with mode,
+# "DIR" / ("DIR", mode) = directory, ("LINK", target) = symlink.
+BASE_TREE = {
+    "run.sh": (b"#!/bin/sh\nexec python3 trainer.py\n", 0o755),
+    "trainer.py": b"print('step=1')\n",
+    "pkg/__init__.py": b"",
+    "pkg/model.py": b"W = 1\n",
+    "conf/fault.env": b"DFLASH_FAKE_MODE=ok\n",
+    "latest.py": ("LINK", "trainer.py"),
+}
+
+
+def make_tree(root, spec):
+    os.makedirs(root, exist_ok=True)
+    for relpath, item in sorted(spec.items()):
+        path = os.path.join(root, relpath)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if item == "DIR" or (isinstance(item, tuple) and item[0] == "DIR"):
+            os.makedirs(path, exist_ok=True)
+            if isinstance(item, tuple):
+                os.chmod(path, item[1])
+        elif isinstance(item, tuple) and item[0] == "LINK":
+            os.symlink(item[1], path)
+        else:
+            data, mode = item if isinstance(item, tuple) else (item, 0o644)
+            with open(path, "wb") as f:
+                f.write(data)
+            os.chmod(path, mode)
+    return root
+
+
+def tree_id(tmp_path, spec, name="src", excludes=rel.DEFAULT_EXCLUDES):
+    return rel.scan_tree(make_tree(str(tmp_path / name), spec), excludes).release_id
+
+
+# --- hash: stable and order/mtime independent -------------------------------------------------
+
+def test_hash_stable_across_runs_and_copies(tmp_path):
+    a = tree_id(tmp_path, BASE_TREE, "a")
+    b = tree_id(tmp_path, dict(reversed(list(BASE_TREE.items()))), "b")  # other creation order
+    assert a == b == rel.scan_tree(str(tmp_path / "a")).release_id
+    assert len(a) == 16 and int(a, 16) >= 0
+
+
+def test_hash_ignores_mtime(tmp_path):
+    root = make_tree(str(tmp_path / "src"), BASE_TREE)
+    before = rel.scan_tree(root).release_id
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            os.utime(os.path.join(dirpath, n), (1, 1), follow_symlinks=False)
+    assert rel.scan_tree(root).release_id == before
+
+
+def test_hash_entries_independent_of_order():
+    entries = [rel.Entry("b", "f", 0o644, 1, "x"), rel.Entry("a", "d", 0o755)]
+    assert rel.hash_entries(entries) == rel.hash_entries(list(reversed(entries)))
+
+
+CHANGES = [
+    ("file content", {"trainer.py": b"print('step=2')\n"}),
+    ("file mode", {"trainer.py": (b"print('step=1')\n", 0o755)}),
+    ("new empty dir", {"empty": "DIR"}),
+    ("dir mode", {"pkg": ("DIR", 0o700)}),
+    ("symlink target", {"latest.py": ("LINK", "pkg/model.py")}),
+    ("new file", {"pkg/extra.py": b""}),
+    ("file becomes symlink", {"conf/fault.env": ("LINK", "../trainer.py")}),
+]
+
+
+@pytest.mark.parametrize("what,change", CHANGES, ids=[c[0] for c in CHANGES])
+def test_hash_changes_with(tmp_path, what, change):
+    spec = dict(BASE_TREE)
+    spec.update(change)
+    assert tree_id(tmp_path, BASE_TREE, "a") != tree_id(tmp_path, spec, "b")
+
+
+def test_renamed_file_changes_hash(tmp_path):
+    spec = dict(BASE_TREE)
+    spec["trainer2.py"] = spec.pop("trainer.py")
+    spec["latest.py"] = ("LINK", "trainer2.py")
+    assert tree_id(tmp_path, BASE_TREE, "a") != tree_id(tmp_path, spec, "b")
+
+
+def test_scan_counts(tmp_path):
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), BASE_TREE))
+    assert scan.file_count == 5
+    assert scan.bytes == sum(len(v[0] if isinstance(v, tuple) else v)
+                             for v in BASE_TREE.values() if not (isinstance(v, tuple) and v[0] == "LINK"))
+    assert [e.relpath for e in scan.entries] == sorted(e.relpath for e in scan.entries)
+
+
+# --- excludes ---------------------------------------------------------------------------------
+
+EXCLUDE_CASES = [
+    # (extra tree entries, excludes, relpaths expected absent, expected same id as BASE_TREE)
+    ({".git/HEAD": b"ref", ".git/objects/ab": b"x"}, rel.DEFAULT_EXCLUDES, [".git", ".git/HEAD"], True),
+    ({"pkg/__pycache__/model.cpython-311.pyc": b"\0"}, rel.DEFAULT_EXCLUDES,
+     ["pkg/__pycache__"], True),
+    ({"pkg/stale.pyc": b"\0", "top.pyc": b"\0"}, rel.DEFAULT_EXCLUDES, ["pkg/stale.pyc", "top.pyc"], True),
+    ({"checkpoints/step-100.pt": b"w" * 100}, rel.DEFAULT_EXCLUDES, ["checkpoints"], True),
+    ({"logs/a.log": b"x", "logs/b.log": b"y"}, list(rel.DEFAULT_EXCLUDES) + ["*.log"],
+     ["logs/a.log", "logs/b.log"], False),  # logs/ dir itself stays
+    ({"data/big.bin": b"x"}, ["data/big.bin"], ["data/big.bin"], False),  # whole relative path
+    ({".git/HEAD": b"ref"}, [], [], False),  # excludes off: .git counts
+]
+
+
+@pytest.mark.parametrize("extra,excludes,absent,same", EXCLUDE_CASES)
+def test_excludes(tmp_path, extra, excludes, absent, same):
+    spec = dict(BASE_TREE)
+    spec.update(extra)
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), spec), excludes)
+    paths = {e.relpath for e in scan.entries}
+    for p in absent:
+        assert p not in paths
+    assert (scan.release_id == tree_id(tmp_path, BASE_TREE, "base")) is same
+
+
+@pytest.mark.parametrize("relpath,patterns,expected", [
+    ("a/b/__pycache__/x.pyc", ["__pycache__"], True),
+    ("a/b/c.pyc", ["*.pyc"], True),
+    ("a/.gitignore", [".git"], False),
+    ("a/b", ["a/b"], True),
+    ("a/b", ["a/*"], True),
+    ("a/b", [], False),
+])
+def test_is_excluded_table(relpath, patterns, expected):
+    assert rel.is_excluded(relpath, patterns) is expected
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"abs": ("LINK", "/etc/passwd")}, "points outside"),
+    ({"sub/up": ("LINK", "../../x")}, "points outside"),
+])
+def test_scan_refuses_escaping_symlinks(tmp_path, spec, needle):
+    with pytest.raises(rel.ReleaseError, match=needle):
+        rel.scan_tree(make_tree(str(tmp_path / "src"), spec))
+
+
+def test_scan_refuses_fifo(tmp_path):
+    root = make_tree(str(tmp_path / "src"), BASE_TREE)
+    os.mkfifo(os.path.join(root, "pipe"))
+    with pytest.raises(rel.ReleaseError, match="pipe is not a regular file"):
+        rel.scan_tree(root)
+
+
+def test_scan_missing_src(tmp_path):
+    with pytest.raises(rel.ReleaseError, match="not a directory"):
+        rel.scan_tree(str(tmp_path / "nope"))
+
+
+# --- archive round trip -----------------------------------------------------------------------
+
+def test_archive_deterministic_and_round_trip(tmp_path):
+    spec = dict(BASE_TREE, **{"empty": "DIR", "private": ("DIR", 0o700), "private/f": b"r"})
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), spec))
+    a1, a2 = str(tmp_path / "a1.tar.gz"), str(tmp_path / "a2.tar.gz")
+    assert rel.build_archive(scan, a1) == scan.digest
+    os.utime(os.path.join(scan.root, "trainer.py"), (5, 5))
+    assert rel.build_archive(rel.scan_tree(scan.root), a2) == scan.digest
+    assert open(a1, "rb").read() == open(a2, "rb").read()
+
+    with tarfile.open(a1) as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members] == [e.relpath for e in scan.entries]
+    assert all(m.uid == 0 and m.gid == 0 and m.mtime == rel.ARCHIVE_MTIME for m in members)
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert rel.extract_archive(a1, str(dest)) == scan.digest
+    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert os.access(dest / "run.sh", os.X_OK)
+    assert stat.S_IMODE(os.stat(dest / "run.sh").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(dest / "trainer.py").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(dest / "private").st_mode) == 0o700
+    assert (dest / "pkg" / "model.py").read_bytes() == b"W = 1\n"
+    assert os.readlink(dest / "latest.py") == "trainer.py"
+    assert (dest / "empty").is_dir()
+
+
+def test_build_archive_detects_change_during_build(tmp_path):
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), BASE_TREE))
+    with open(os.path.join(scan.root, "pkg/model.py"), "wb") as f:
+        f.write(b"W = 2\n")  # same size, new content
+    assert rel.build_archive(scan, str(tmp_path / "a.tar.gz")) != scan.digest
+
+
+# --- unsafe archives --------------------------------------------------------------------------
+
+def _tar(path, members):
+    """members: (name, kind, extra) with kind in file/dir/sym/lnk/chr/fifo."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind, extra in members:
+            ti = tarfile.TarInfo(name)
+            ti.mode = 0o644
+            data = None
+            if kind == "file":
+                data = extra or b"x"
+                ti.size = len(data)
+            elif kind == "dir":
+                ti.type = tarfile.DIRTYPE
+                ti.mode = 0o755
+            elif kind == "sym":
+                ti.type, ti.linkname = tarfile.SYMTYPE, extra
+            elif kind == "lnk":
+                ti.type, ti.linkname = tarfile.LNKTYPE, extra
+            elif kind == "chr":
+                ti.type, ti.devmajor, ti.devminor = tarfile.CHRTYPE, 1, 3
+            elif kind == "fifo":
+                ti.type = tarfile.FIFOTYPE
+            tar.addfile(ti, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+UNSAFE = [
+    ("absolute path", [("/etc/evil", "file", None)], "absolute"),
+    ("dotdot", [("../x", "file", None)], r"'\.\.'"),
+    ("nested dotdot", [("a/../../x", "file", None)], r"'\.\.'"),
+    ("symlink absolute", [("l", "sym", "/etc")], "outside"),
+    ("symlink escaping", [("a/l", "sym", "../../etc")], "outside"),
+    ("write through symlink", [("l", "sym", "."), ("l/x", "file", None)], "not a directory"),
+    ("late escape via dir link", [("l1", "sym", "d/../x"), ("d", "sym", "."), ], "outside"),
+    ("device node", [("null", "chr", None)], "device"),
+    ("fifo", [("p", "fifo", None)], "fifo"),
+    ("hard link", [("a", "file", None), ("b", "lnk", "a")], "hard link"),
+    ("duplicate", [("a", "file", None), ("a", "file", None)], "twice"),
+]
+
+
+@pytest.mark.parametrize("what,members,needle", UNSAFE, ids=[u[0] for u in UNSAFE])
+def test_unsafe_archives_rejected(tmp_path, what, members, needle):
+    archive = _tar(str(tmp_path / "bad.tar.gz"), members)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(rel.UnsafeArchiveError, match=needle):
+        rel.extract_archive(archive, str(dest))
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "x").exists()
+
+
+def test_read_only_dir_extracts_and_stays_manageable(tmp_path):
+    spec = {"ro": ("DIR", 0o555), "ro/f": b"r"}
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), spec))
+    archive = str(tmp_path / "a.tar.gz")
+    rel.build_archive(scan, archive)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert rel.extract_archive(archive, str(dest)) == scan.digest  # verified as archived
+    assert (dest / "ro" / "f").read_bytes() == b"r"
+    assert stat.S_IMODE(os.stat(dest / "ro").st_mode) == 0o755  # owner keeps rwx
+    os.chmod(str(tmp_path / "src" / "ro"), 0o755)
+
+
+def test_extraction_drops_setuid_and_group_write(tmp_path):
+    archive = str(tmp_path / "a.tar.gz")
+    with tarfile.open(archive, "w:gz") as tar:
+        ti = tarfile.TarInfo("suid")
+        ti.mode, ti.size = 0o4777, 1
+        tar.addfile(ti, io.BytesIO(b"x"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    rel.extract_archive(archive, str(dest))
+    assert stat.S_IMODE(os.stat(dest / "suid").st_mode) == 0o755
+
+
+# --- prune plan -------------------------------------------------------------------------------
+
+PRUNE_CASES = [
+    # releases {id: mtime}, current, last_good, keep, expected deletions (oldest first)
+    ({"a": 1, "b": 2, "c": 3, "d": 4}, "d", None, 2, ["a", "b"]),
+    ({"a": 1, "b": 2, "c": 3, "d": 4}, "d", "a", 2, ["b"]),
+    ({"a": 1, "b": 2, "c": 3, "d": 4}, "b", "a", 1, ["c"]),  # rolled back: current is old
+    ({"a": 1, "b": 2}, "b", "a", 0, []),
+    ({"a": 1, "b": 2, "c": 3}, "c", None, 0, ["a", "b"]),
+    ({"a": 1, "b": 2, "c": 3}, "c", "b", 5, []),
+    ({}, None, None, 5, []),
+    ({"x": 1, "y": 1, "z": 1}, "z", None, 1, ["x", "y"]),  # equal mtimes: id breaks the tie
+]
+
+
+@pytest.mark.parametrize("releases,current,last_good,keep,expected", PRUNE_CASES)
+def test_plan_prune(releases, current, last_good, keep, expected):
+    doomed = rel.plan_prune(releases, current, last_good, keep)
+    assert doomed == expected
+    assert current not in doomed and last_good not in doomed
+    assert rel.plan_prune(list(releases.items()), current, last_good, keep) == expected
+
+
+def test_plan_prune_rejects_negative_keep():
+    with pytest.raises(ValueError):
+        rel.plan_prune({"a": 1}, "a", None, -1)

@@ -1,0 +1,130 @@
+"""The action plugin end to end: ansible-playbook against localhost over the local connection."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: deploy
+      dflash.trainer.trainer_release:
+        root: "{{ root }}"
+        src: "{{ src }}"
+        keep: 3
+      register: r
+    - name: report
+      ansible.builtin.copy:
+        content: "{{ r | to_json }}"
+        dest: "{{ out }}"
+      delegate_to: localhost
+      check_mode: false
+"""
+
+pytestmark = pytest.mark.skipif(shutil.which("ansible-playbook") is None, reason="needs ansible-playbook")
+
+
+def make_src(path):
+    os.makedirs(os.path.join(path, "pkg", "__pycache__"))
+    with open(os.path.join(path, "run.sh"), "w") as f:
+        f.write("#!/bin/sh\nexec python3 trainer.py\n")
+    os.chmod(os.path.join(path, "run.sh"), 0o755)
+    with open(os.path.join(path, "trainer.py"), "w") as f:
+        f.write("print('step=1')\n")
+    with open(os.path.join(path, "pkg", "__pycache__", "x.pyc"), "wb") as f:
+        f.write(b"\0")
+    for i in range(20):
+        with open(os.path.join(path, "pkg", "m%02d.py" % i), "w") as f:
+            f.write("X = %d\n" % i)
+
+
+def module_runs(stdout):
+    return sum(1 for line in stdout.splitlines()
+               if line.startswith("Using module file") and line.rstrip().endswith("trainer_release.py"))
+
+
+def archive_puts(stdout):
+    return sum(1 for line in stdout.splitlines() if "PUT " in line and ".tar.gz" in line)
+
+
+def play(tmp_path, src, root, check=False, extra=None):
+    book = tmp_path / "play.yml"
+    book.write_text(PLAYBOOK)
+    out = tmp_path / "result.json"
+    if out.exists():
+        out.unlink()
+    ev = {"root": str(root), "src": str(src), "out": str(out),
+          "ansible_python_interpreter": "/usr/bin/python3"}
+    ev.update(extra or {})
+    cmd = ["ansible-playbook", "-vvv", "-i", "localhost,", "-c", "local", "-e", json.dumps(ev), str(book)]
+    if check:
+        cmd.append("--check")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
+               ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-remote"),
+               ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    result = json.loads(out.read_text()) if out.exists() else None
+    return proc, result
+
+
+@pytest.fixture(scope="module")
+def python_ok():
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("needs /usr/bin/python3")
+
+
+def test_deploy_twice_then_change(tmp_path, python_ok):
+    src, root = tmp_path / "src", tmp_path / "opt" / "dflash-trainer"
+    make_src(str(src))
+
+    proc, r = play(tmp_path, src, root, check=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r["changed"] is True and r["transferred"] is True and not root.exists()
+    assert module_runs(proc.stdout) == 1 and archive_puts(proc.stdout) == 0
+
+    proc, r1 = play(tmp_path, src, root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r1["changed"] is True and r1["transferred"] is True and r1["switched"] is True
+    assert r1["file_count"] == 22 and r1["bytes"] > 0 and r1["archive_bytes"] > 0
+    assert "needs_archive" not in r1
+    assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
+    current = root / "current"
+    assert os.readlink(current) == "releases/" + r1["release"]
+    assert os.access(current / "run.sh", os.X_OK)
+    assert (current / "pkg" / "m07.py").read_text() == "X = 7\n"
+    assert not (current / "pkg" / "__pycache__").exists()  # default excludes
+
+    proc, r2 = play(tmp_path, src, root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r2["changed"] is False and r2["transferred"] is False and r2["release"] == r1["release"]
+    assert module_runs(proc.stdout) == 1 and archive_puts(proc.stdout) == 0
+
+    (src / "trainer.py").write_text("print('step=2')\n")
+    proc, r3 = play(tmp_path, src, root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r3["release"] != r1["release"] and r3["previous"] == r1["release"]
+    assert r3["switched"] is True and set(r3["releases"]) == {r1["release"], r3["release"]}
+    assert (root / "current" / "trainer.py").read_text() == "print('step=2')\n"
+    # the remote tmp dir holding the archive is gone
+    remote_tmp = tmp_path / "ansible-remote"
+    assert not remote_tmp.exists() or not any(remote_tmp.iterdir())
+
+
+def test_missing_src_fails_before_touching_target(tmp_path, python_ok):
+    root = tmp_path / "opt" / "dflash-trainer"
+    proc, _ = play(tmp_path, tmp_path / "nope", root)
+    assert proc.returncode != 0
+    assert "does not exist on the controller" in proc.stdout
+    assert not root.exists()
+    (tmp_path / "afile").write_text("x")
+    proc, _ = play(tmp_path, tmp_path / "afile", root)
+    assert proc.returncode != 0 and "is not a directory" in proc.stdout
+    assert not root.exists()

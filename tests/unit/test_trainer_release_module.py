@@ -1,0 +1,281 @@
+"""plugins/modules/trainer_release.py: run(params, check_mode) against a tmp root, no Ansible."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
+from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
+
+MODULE_FILE = mod.__file__
+
+
+def make_src(path, version):
+    os.makedirs(os.path.join(path, "pkg"), exist_ok=True)
+    with open(os.path.join(path, "run.sh"), "w") as f:
+        f.write("#!/bin/sh\nexec python3 trainer.py\n")
+    os.chmod(os.path.join(path, "run.sh"), 0o755)
+    with open(os.path.join(path, "trainer.py"), "w") as f:
+        f.write("VERSION = %r\n" % version)
+    with open(os.path.join(path, "pkg", "__init__.py"), "w") as f:
+        f.write("")
+    return path
+
+
+class Lab(object):
+    """A tmp root plus a factory of (release id, archive) pairs."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.root = str(tmp_path / "opt" / "dflash-trainer")
+
+    def build(self, version):
+        src = make_src(str(self.tmp / ("src-%s" % version)), version)
+        scan = rel.scan_tree(src)
+        archive = str(self.tmp / ("%s.tar.gz" % version))
+        rel.build_archive(scan, archive)
+        return scan.release_id, archive
+
+    def run(self, check_mode=False, **params):
+        full = dict(root=self.root, state="present", release=None, archive=None, keep=5,
+                    src=None, excludes=None)
+        full.update(params)
+        return mod.run(full, check_mode)
+
+    def deploy(self, version, mtime=None, **params):
+        rid, archive = self.build(version)
+        result = self.run(release=rid, archive=archive, **params)
+        if mtime is not None:  # age the release deterministically for prune tests
+            marker = os.path.join(self.root, "releases", rid, rel.MARKER_NAME)
+            os.utime(marker, (mtime, mtime))
+        return rid, result
+
+    def current(self):
+        return os.readlink(os.path.join(self.root, "current"))
+
+    def snapshot(self):
+        out = {}
+        if not os.path.exists(self.root):
+            return out
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            for n in sorted(dirnames + filenames):
+                p = os.path.join(dirpath, n)
+                st = os.lstat(p)
+                out[os.path.relpath(p, self.root)] = (
+                    st.st_mode, st.st_mtime_ns, os.readlink(p) if os.path.islink(p) else None)
+        return out
+
+
+@pytest.fixture
+def lab(tmp_path):
+    return Lab(tmp_path)
+
+
+def test_present_without_archive_asks_for_it_and_touches_nothing(lab):
+    rid, _ = lab.build("v1")
+    result = lab.run(release=rid)
+    assert result["needs_archive"] is True and result["changed"] is False
+    assert result["previous"] is None and result["releases"] == []
+    assert not os.path.exists(lab.root)
+
+
+def test_present_with_archive_creates_release_and_current(lab):
+    rid, result = lab.deploy("v1")
+    assert result["changed"] and result["transferred"] and result["switched"]
+    assert result["release"] == rid and result["previous"] is None
+    assert result["releases"] == [rid] and result["current"] == rid
+    assert lab.current() == "releases/" + rid
+    release = os.path.join(lab.root, "releases", rid)
+    assert os.access(os.path.join(lab.root, "current", "run.sh"), os.X_OK)
+    marker = json.load(open(os.path.join(release, rel.MARKER_NAME)))
+    assert marker["id"] == rid and marker["digest"].startswith(rid)
+    assert not [n for n in os.listdir(os.path.join(lab.root, "releases")) if n.startswith(".tmp-")]
+
+
+def test_same_release_again_is_a_no_op(lab):
+    rid, _ = lab.deploy("v1")
+    before = lab.snapshot()
+    result = lab.run(release=rid)  # no archive needed
+    assert result["changed"] is False and result["needs_archive"] is False
+    assert result["transferred"] is False and result["switched"] is False
+    assert result["previous"] == rid
+    # an archive given anyway is not extracted
+    _, archive = lab.build("v1")
+    assert lab.run(release=rid, archive=archive)["transferred"] is False
+    assert {k: v for k, v in lab.snapshot().items() if k != ".lock"} == \
+        {k: v for k, v in before.items() if k != ".lock"}
+
+
+def test_second_release_switches_and_keeps_previous(lab):
+    r1, _ = lab.deploy("v1")
+    r2, result = lab.deploy("v2")
+    assert r1 != r2
+    assert result["previous"] == r1 and result["switched"] and result["release"] == r2
+    assert set(result["releases"]) == {r1, r2} and result["releases"][0] == r2
+    assert lab.current() == "releases/" + r2
+
+
+def test_interrupted_extraction_never_becomes_current_and_is_cleaned(lab):
+    r1, _ = lab.deploy("v1")
+    r2, archive2 = lab.build("v2")
+    # an interrupted run: a half-extracted tmp dir and a temporary link never renamed
+    stale = os.path.join(lab.root, "releases", ".tmp-%s-dead" % r2)
+    os.makedirs(os.path.join(stale, "pkg"))
+    open(os.path.join(stale, "trainer.py"), "w").close()
+    os.symlink("releases/" + r2, os.path.join(lab.root, "current.tmp-dead"))
+    assert lab.run(state="query")["releases"] == [r1]
+    with pytest.raises(mod.ReleaseModuleError, match="not a complete release"):
+        lab.run(state="rollback", release=r2)
+    with pytest.raises(mod.ReleaseModuleError, match="invalid release id"):
+        lab.run(state="rollback", release=".tmp-%s-dead" % r2)
+    # a no-op deploy of r1 cleans the leftovers
+    result = lab.run(release=r1)
+    assert sorted(result["cleaned"]) == sorted(["releases/.tmp-%s-dead" % r2, "current.tmp-dead"])
+    assert result["changed"] is True and result["switched"] is False
+    assert not os.path.exists(stale)
+    # and the real r2 still installs
+    assert lab.run(release=r2, archive=archive2)["transferred"] is True
+
+
+def test_incomplete_dir_with_the_release_name_is_replaced(lab):
+    rid, archive = lab.build("v1")
+    os.makedirs(os.path.join(lab.root, "releases", rid))  # renamed but no marker: not a release
+    assert lab.run(release=rid)["needs_archive"] is True
+    result = lab.run(release=rid, archive=archive)
+    assert result["transferred"] and lab.current() == "releases/" + rid
+    assert os.path.isfile(os.path.join(lab.root, "releases", rid, "run.sh"))
+
+
+def test_archive_of_other_content_is_refused(lab):
+    r1, _ = lab.build("v1")
+    _, archive2 = lab.build("v2")
+    with pytest.raises(mod.ReleaseModuleError, match="holds release"):
+        lab.run(release=r1, archive=archive2)
+    assert lab.run(state="query")["releases"] == []
+    assert not [n for n in os.listdir(os.path.join(lab.root, "releases")) if n.startswith(".tmp-")]
+
+
+def test_missing_archive_file(lab):
+    rid, _ = lab.build("v1")
+    with pytest.raises(mod.ReleaseModuleError, match="does not exist on the target"):
+        lab.run(release=rid, archive=str(lab.tmp / "nope.tar.gz"))
+
+
+def test_keep_prunes_oldest_but_not_last_good(lab):
+    r1, _ = lab.deploy("v1", mtime=1000)
+    lab.run(state="mark_good")
+    r2, _ = lab.deploy("v2", mtime=2000)
+    r3, _ = lab.deploy("v3", mtime=3000)
+    r4, result = lab.deploy("v4", keep=2)
+    assert result["pruned"] == [r2]
+    assert result["releases"] == [r4, r3, r1]
+    assert result["last_good"] == r1
+    assert not os.path.exists(os.path.join(lab.root, "releases", r2))
+    assert not [n for n in os.listdir(os.path.join(lab.root, "releases")) if n.startswith(".tmp-")]
+
+
+def test_mark_good_and_rollback(lab):
+    r1, _ = lab.deploy("v1")
+    with pytest.raises(mod.ReleaseModuleError,
+                       match="no last good release recorded under %s; nothing to roll back to" % lab.root):
+        lab.run(state="rollback")
+    result = lab.run(state="mark_good")
+    assert result == dict(result, changed=True, release=r1, previous=None, last_good=r1)
+    assert open(os.path.join(lab.root, "last_good")).read() == r1 + "\n"
+    assert lab.run(state="mark_good")["changed"] is False
+    r2, _ = lab.deploy("v2")
+    result = lab.run(state="rollback")
+    assert result["switched"] and result["changed"]
+    assert result["release"] == r1 and result["previous"] == r2
+    assert lab.current() == "releases/" + r1
+    assert lab.run(state="rollback")["changed"] is False
+    # explicit release
+    assert lab.run(state="rollback", release=r2)["release"] == r2
+    assert lab.run(state="mark_good", release=r2)["previous"] == r1
+
+
+def test_rollback_to_a_pruned_last_good_fails_clearly(lab):
+    r1, _ = lab.deploy("v1")
+    lab.run(state="mark_good")
+    lab.deploy("v2")
+    os.rename(os.path.join(lab.root, "releases", r1), os.path.join(lab.root, "gone"))
+    with pytest.raises(mod.ReleaseModuleError, match="last good release %s .* nothing to roll back to" % r1):
+        lab.run(state="rollback")
+
+
+def test_mark_good_without_current(lab):
+    with pytest.raises(mod.ReleaseModuleError, match="no current release"):
+        lab.run(state="mark_good")
+
+
+def test_query(lab):
+    assert lab.run(state="query") == dict(changed=False, release=None, current=None, last_good=None,
+                                          releases=[])
+    r1, _ = lab.deploy("v1")
+    lab.run(state="mark_good")
+    assert lab.run(state="query") == dict(changed=False, release=r1, current=r1, last_good=r1,
+                                          releases=[r1])
+
+
+def test_current_that_is_not_a_symlink_is_refused(lab):
+    os.makedirs(os.path.join(lab.root, "current"))
+    rid, archive = lab.build("v1")
+    with pytest.raises(mod.ReleaseModuleError, match="not a symlink"):
+        lab.run(release=rid, archive=archive)
+
+
+def test_check_mode_changes_nothing(lab):
+    r1, _ = lab.deploy("v1", mtime=1000)
+    r2, archive2 = lab.build("v2")
+    stale = os.path.join(lab.root, "releases", ".tmp-x-dead")
+    os.makedirs(stale)
+    before = lab.snapshot()
+    result = lab.run(check_mode=True, release=r2, archive=archive2, keep=0)
+    assert result["changed"] and result["transferred"] and result["switched"]
+    assert result["pruned"] == [r1] and result["cleaned"] == ["releases/.tmp-x-dead"]
+    assert result["releases"] == [r2]
+    for state in ("rollback", "mark_good"):
+        lab.run(check_mode=True, state=state, release=r1)
+    assert lab.run(check_mode=True, state="mark_good")["changed"] is True
+    assert lab.snapshot() == before
+    # a fresh root in check mode stays absent
+    other = Lab(lab.tmp / "fresh")
+    rid, archive = other.build("v1")
+    assert other.run(check_mode=True, release=rid, archive=archive)["changed"] is True
+    assert not os.path.exists(other.root)
+
+
+def test_src_is_refused_by_the_module(lab):
+    with pytest.raises(mod.ReleaseModuleError, match="action plugin"):
+        lab.run(src="/tmp")
+
+
+def test_invalid_release_id(lab):
+    with pytest.raises(mod.ReleaseModuleError, match="invalid release id"):
+        lab.run(release="../etc")
+
+
+def test_module_runs_as_a_program(lab, tmp_path):
+    """The real AnsibleModule entry point: argument spec, exit_json, fail_json."""
+    rid, archive = lab.build("v1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+    def call(args):
+        path = tmp_path / "args.json"
+        path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+        proc = subprocess.run([sys.executable, MODULE_FILE, str(path)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        return json.loads(proc.stdout)
+
+    out = call({"root": lab.root, "release": rid, "archive": archive})
+    assert out["changed"] is True and out["release"] == rid
+    out = call({"root": lab.root, "state": "rollback"})
+    assert out["failed"] is True and "nothing to roll back to" in out["msg"]
+    out = call({"root": lab.root})
+    assert out["failed"] is True and "release" in out["msg"]
+    assert stat.S_ISLNK(os.lstat(os.path.join(lab.root, "current")).st_mode)
