@@ -1,0 +1,349 @@
+"""fakegpu library and the nvidia-smi stand-in (lab/fakegpu), run on this host."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAKEGPU_DIR = os.path.join(ROOT, "lab", "fakegpu")
+SMI = os.path.join(FAKEGPU_DIR, "nvidia-smi")
+sys.path.insert(0, FAKEGPU_DIR)
+
+import fakegpu  # noqa: E402
+
+UUID0 = "GPU-d989e0ca-ef15-96e4-6f8d-4ea2f0928e5d"  # seed "lab", index 0: must never change
+
+
+def poll(predicate, timeout=5.0, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met within %.1f s" % timeout)
+        time.sleep(interval)
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKEGPU_STATE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def holder():
+    """Start a process that can hold GPU memory; all are killed at teardown."""
+    procs = []
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def set_config(state, **values):
+    cfg = {"count": 8, "memory_mib": 81559, "name": "NVIDIA H100 80GB HBM3",
+           "release_delay_s": 0, "uuid_seed": "lab"}
+    cfg.update(values)
+    (state / "config.json").write_text(json.dumps(cfg))
+
+
+def used(gpu=0):
+    return fakegpu.snapshot()[gpu]["used_mib"]
+
+
+def kill(proc):
+    proc.kill()
+    proc.wait()
+
+
+def smi(*args):
+    res = subprocess.run([sys.executable, SMI, *args], capture_output=True, text=True, check=False,
+                         env=dict(os.environ), timeout=30)
+    return res.returncode, res.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# library
+
+def test_defaults_without_config(state):
+    cfg = fakegpu.load_config()
+    assert (cfg["count"], cfg["memory_mib"], cfg["name"], cfg["release_delay_s"]) == (
+        8, 81559, "NVIDIA H100 80GB HBM3", 0)
+    gpus = fakegpu.snapshot()
+    assert [g["index"] for g in gpus] == list(range(8))
+    assert all(g["used_mib"] == 0 and g["util_pct"] == 0 and g["processes"] == [] for g in gpus)
+
+
+def test_allocation_counts_while_holder_alive(state, holder):
+    proc = holder()
+    fakegpu.allocate(0, 60000, pid=proc.pid)
+    fakegpu.allocate(0, 1000, pid=proc.pid)
+    gpu = fakegpu.snapshot()[0]
+    assert gpu["used_mib"] == 61000
+    assert 97 <= gpu["util_pct"] <= 100
+    assert [(p["pid"], p["used_mib"]) for p in gpu["processes"]] == [(proc.pid, 61000)]
+    assert used(1) == 0
+    records = os.listdir(state / "alloc")
+    assert len(records) == 2 and all(r.endswith(".json") for r in records)
+
+
+def test_released_after_death_with_zero_delay(state, holder):
+    proc = holder()
+    fakegpu.allocate(3, 5000, pid=proc.pid)
+    assert used(3) == 5000
+    kill(proc)
+    assert used(3) == 0
+    assert os.listdir(state / "alloc") == []
+
+
+def test_exited_but_unreaped_holder_counts_as_dead(state, holder):
+    proc = holder()
+    fakegpu.allocate(0, 5000, pid=proc.pid)
+    proc.kill()  # not waited for: a zombie until reaped
+    poll(lambda: used(0) == 0)
+    proc.wait()
+
+
+def test_held_for_release_delay_then_released(state, holder):
+    set_config(state, release_delay_s=0.5)
+    proc = holder()
+    fakegpu.allocate(1, 7000, pid=proc.pid)
+    kill(proc)
+    first = time.monotonic()
+    gpu = fakegpu.snapshot()[1]
+    assert gpu["used_mib"] == 7000  # first observation of the death starts the delay
+    assert gpu["processes"] == [] and gpu["util_pct"] == 0
+    poll(lambda: used(1) == 0, timeout=5)
+    assert time.monotonic() - first >= 0.45
+
+
+@pytest.mark.parametrize("delay", [None, -1])
+def test_never_released_when_delay_null_or_negative(state, holder, delay):
+    set_config(state, release_delay_s=delay)
+    proc = holder()
+    fakegpu.allocate(2, 9000, pid=proc.pid)
+    kill(proc)
+    assert used(2) == 9000
+    # even a death observed long ago keeps the memory (a stuck context)
+    for name in os.listdir(state / "alloc"):
+        path = state / "alloc" / name
+        rec = json.loads(path.read_text())
+        assert rec["dead_since"] is not None
+        rec["dead_since"] -= 10 ** 6
+        path.write_text(json.dumps(rec))
+    assert used(2) == 9000
+    assert fakegpu.free(gpu=2, everyone=True) == 9000
+    assert used(2) == 0
+
+
+def test_reused_pid_does_not_count(state, holder):
+    proc = holder()
+    fakegpu.allocate(0, 4000, pid=proc.pid)
+    (name,) = os.listdir(state / "alloc")
+    path = state / "alloc" / name
+    rec = json.loads(path.read_text())
+    assert rec["start_time"] == fakegpu.process_start_time(proc.pid)
+    rec["start_time"] -= 1  # same pid, another process: the original holder is gone
+    path.write_text(json.dumps(rec))
+    assert used(0) == 0
+    assert proc.poll() is None
+
+
+def test_reused_pid_with_stuck_context_keeps_memory_but_no_process(state, holder):
+    set_config(state, release_delay_s=None)
+    proc = holder()
+    fakegpu.allocate(0, 4000, pid=proc.pid)
+    (name,) = os.listdir(state / "alloc")
+    path = state / "alloc" / name
+    rec = json.loads(path.read_text())
+    rec["start_time"] += 12345
+    path.write_text(json.dumps(rec))
+    gpu = fakegpu.snapshot()[0]
+    assert gpu["used_mib"] == 4000 and gpu["processes"] == []
+
+
+def test_out_of_memory(state, holder):
+    proc = holder()
+    fakegpu.allocate(4, 81000, pid=proc.pid)
+    with pytest.raises(fakegpu.OutOfMemory, match=r"^CUDA out of memory\. Tried to allocate 0\.59 GiB"):
+        fakegpu.allocate(4, 600, pid=proc.pid)
+    assert isinstance(fakegpu.OutOfMemory("x"), RuntimeError)
+    assert used(4) == 81000
+    fakegpu.allocate(4, 559, pid=proc.pid)  # exactly full is fine
+    assert used(4) == 81559
+
+
+def test_invalid_device_and_dead_pid(state, holder):
+    with pytest.raises(fakegpu.InvalidDevice):
+        fakegpu.allocate(8, 1)
+    proc = holder()
+    kill(proc)
+    with pytest.raises(ProcessLookupError):
+        fakegpu.allocate(0, 1, pid=proc.pid)
+
+
+def test_free_own_allocations(state, holder):
+    fakegpu.allocate(0, 100)
+    fakegpu.allocate(1, 200)
+    other = holder()
+    fakegpu.allocate(1, 300, pid=other.pid)
+    assert fakegpu.free(gpu=1) == 200
+    assert used(1) == 300 and used(0) == 100
+    assert fakegpu.free() == 100
+    assert used(0) == 0
+
+
+def test_snapshot_and_uuid_stability(state):
+    a, b = fakegpu.snapshot(), fakegpu.snapshot()
+    assert [g["uuid"] for g in a] == [g["uuid"] for g in b]
+    assert a[0]["uuid"] == UUID0
+    assert all(re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                            g["uuid"]) for g in a)
+    assert len({g["uuid"] for g in a}) == 8
+    assert set(a[0]) >= {"index", "uuid", "name", "used_mib", "total_mib", "util_pct", "processes"}
+    set_config(state, count=2, memory_mib=143771, name="NVIDIA H200", uuid_seed="other")
+    c = fakegpu.snapshot()
+    assert len(c) == 2 and c[0]["total_mib"] == 143771 and c[0]["name"] == "NVIDIA H200"
+    assert c[0]["uuid"] != UUID0
+
+
+def test_cli_config_alloc_hold_show_free(state):
+    env = dict(os.environ, PYTHONPATH=FAKEGPU_DIR)
+    out = subprocess.run([sys.executable, "-m", "fakegpu", "config", "--count", "4",
+                          "--memory-mib", "1000", "--release-delay", "never"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    cfg = json.loads((state / "config.json").read_text())
+    assert (cfg["count"], cfg["memory_mib"], cfg["release_delay_s"]) == (4, 1000, None)
+    assert json.loads(out)["count"] == 4
+    proc = subprocess.Popen([sys.executable, "-m", "fakegpu", "alloc", "--gpu", "1,2",
+                             "--mib", "400", "--hold"], env=env, stdout=subprocess.DEVNULL)
+    try:
+        poll(lambda: used(2) == 400)
+        assert fakegpu.snapshot()[1]["processes"][0]["pid"] == proc.pid
+        show = subprocess.run([sys.executable, "-m", "fakegpu", "show", "--json"], env=env,
+                              capture_output=True, text=True, check=True).stdout
+        assert json.loads(show)[1]["used_mib"] == 400
+        res = subprocess.run([sys.executable, "-m", "fakegpu", "alloc", "--gpu", "1",
+                              "--mib", "700"], env=env, capture_output=True, text=True, check=False)
+        assert res.returncode == 1 and "CUDA out of memory" in res.stderr
+    finally:
+        kill(proc)
+    assert used(1) == 400  # release delay "never": stuck
+    subprocess.run([sys.executable, "-m", "fakegpu", "free"], env=env, check=True,
+                   capture_output=True)
+    assert used(1) == 0 and used(2) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# nvidia-smi stand-in
+
+def test_smi_list_gpus_exact(state):
+    rc, out = smi("-L")
+    assert rc == 0
+    lines = out.split("\n")
+    assert lines[0] == "GPU 0: NVIDIA H100 80GB HBM3 (UUID: %s)" % UUID0
+    assert out == "".join("GPU %d: NVIDIA H100 80GB HBM3 (UUID: %s)\n" % (i, fakegpu.gpu_uuid(i))
+                          for i in range(8))
+
+
+def test_smi_query_gpu_header_units(state, holder):
+    proc = holder()
+    fakegpu.allocate(0, 60000, pid=proc.pid)
+    rc, out = smi("--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu",
+                  "--format=csv")
+    assert rc == 0
+    lines = out.split("\n")
+    assert lines[0] == ("index, uuid, name, memory.used [MiB], memory.total [MiB], "
+                        "utilization.gpu [%]")
+    assert lines[1] == "0, %s, NVIDIA H100 80GB HBM3, 60000 MiB, 81559 MiB, 100 %%" % UUID0
+    assert lines[2] == "1, %s, NVIDIA H100 80GB HBM3, 0 MiB, 81559 MiB, 0 %%" % fakegpu.gpu_uuid(1)
+    assert len(lines) == 10 and lines[-1] == ""
+
+
+def test_smi_query_gpu_noheader_nounits_and_ids(state, holder):
+    proc = holder()
+    fakegpu.allocate(3, 1234, pid=proc.pid)
+    rc, out = smi("--query-gpu=index,memory.used,memory.free,memory.total,pci.bus_id,count",
+                  "--format=csv,noheader,nounits", "-i", "0,3")
+    assert rc == 0
+    assert out == ("0, 0, 81559, 81559, 00000000:18:00.0, 8\n"
+                   "3, 1234, 80325, 81559, 00000000:5D:00.0, 8\n")
+    rc, out = smi("--query-gpu=memory.used", "--format=csv,noheader", "--id=3")
+    assert (rc, out) == (0, "1234 MiB\n")
+    rc, out = smi("--query-gpu=index", "--format=csv,nounits", "-i", "1")
+    assert (rc, out) == (0, "index\n1\n")
+
+
+def test_smi_compute_apps_empty(state):
+    rc, out = smi("--query-compute-apps=pid,name,used_memory", "--format=csv")
+    assert (rc, out) == (0, "pid, process_name, used_gpu_memory [MiB]\n")
+    rc, out = smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader")
+    assert (rc, out) == (0, "")
+    assert "No running processes found" in smi()[1]
+
+
+def test_smi_compute_apps_with_holder(state, holder):
+    proc = holder()
+    fakegpu.allocate(5, 30000, pid=proc.pid)
+    rc, out = smi("--query-compute-apps=pid,process_name,used_memory,gpu_uuid,gpu_bus_id",
+                  "--format=csv")
+    assert rc == 0
+    header, row, end = out.split("\n")
+    assert header == "pid, process_name, used_gpu_memory [MiB], gpu_uuid, gpu_bus_id"
+    cells = row.split(", ")
+    assert cells[0] == str(proc.pid)
+    assert cells[2:] == ["30000 MiB", fakegpu.gpu_uuid(5), "00000000:AB:00.0"]
+    assert end == ""
+    rc, out = smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+    assert (rc, out) == (0, "%d, 30000\n" % proc.pid)
+    table = smi()[1]
+    assert str(proc.pid) in table and "No running processes found" not in table
+
+
+def test_smi_bad_field_and_bad_arguments(state):
+    rc, out = smi("--query-gpu=index,foo", "--format=csv")
+    assert rc == 2
+    assert out.splitlines()[0] == 'Field "foo" is not a valid field to query.'
+    rc, out = smi("--query-compute-apps=memory.used", "--format=csv")
+    assert rc == 2 and 'Field "memory.used" is not a valid field' in out
+    assert smi("--bogus")[0] == 2
+    assert smi("--query-gpu=index")[0] == 2  # no --format
+    assert smi("--query-gpu=index", "--format=xml")[0] == 2
+    assert smi("-L", "--query-gpu=index", "--format=csv")[0] == 2
+    assert smi("--query-gpu=index", "--format=csv", "-i", "9")[0] == 6
+
+
+def test_smi_driver_error(state):
+    (state / "driver_error").write_text("")
+    rc, out = smi("--query-gpu=index", "--format=csv")
+    assert rc == 9
+    assert out == ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                   "Make sure that the latest NVIDIA driver is installed and running.\n")
+    assert smi("-L")[0] == 9
+
+
+def test_smi_injected_error_values(state, holder):
+    set_config(state, errors={"1": "[GPU is lost]"})
+    proc = holder()
+    fakegpu.allocate(1, 100, pid=proc.pid)
+    rc, out = smi("--query-gpu=index,memory.used,memory.total,utilization.gpu",
+                  "--format=csv,noheader", "-i", "0,1")
+    assert rc == 0
+    assert out == ("0, 0 MiB, 81559 MiB, 0 %\n"
+                   "1, [GPU is lost], [GPU is lost], [GPU is lost]\n")
+    assert fakegpu.snapshot()[1]["error"] == "[GPU is lost]"
+
+
+def test_smi_in_process_matches_script(state):
+    assert fakegpu.smi(["-L"]) == smi("-L")
