@@ -1,0 +1,365 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""nvidia-smi: argv builders and parsers for its CSV output (pure, no I/O).
+
+Formats follow the real tool (see FIELD-NOTES "nvidia-smi's real CSV format"):
+cells separated by ", ", headers and units present unless ``noheader``/``nounits``,
+error values bracketed inside numeric columns (``[N/A]``), ``--query-compute-apps`` with no
+process prints the header alone (nothing with ``noheader``).
+
+Inside a container the per-GPU memory is right but the process list may be empty or show host
+PIDs and ``[Not Found]`` names: judge memory from ``--query-gpu``, use processes only to name
+holders.
+"""
+
+from __future__ import annotations
+
+import re
+
+GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
+APP_FIELDS = ("pid", "process_name", "gpu_uuid", "used_memory")
+
+# Bracketed values nvidia-smi prints in place of a number or a name.
+ERROR_VALUES = frozenset((
+    "[N/A]",
+    "[Not Supported]",
+    "[Insufficient Permissions]",
+    "[Unknown Error]",
+    "[GPU is lost]",
+    "[GPU requires reset]",
+    "[Not Found]",
+))
+
+# nvidia-smi(1) "RETURN VALUE".
+EXIT_CODES = {
+    0: "ok",
+    2: "invalid argument",
+    3: "not supported",
+    4: "no permission",
+    6: "not found",
+    9: "driver not loaded",
+    12: "NVML not found",
+    15: "GPU fell off the bus",
+    255: "other error",
+}
+
+# Texts that mean "no usable GPU", whatever the exit status says.
+FAILURE_TEXTS = (
+    "No devices were found",
+    "Failed to initialize NVML",
+    "NVIDIA-SMI has failed",
+    "Unable to determine the device handle",
+)
+
+# Header names as nvidia-smi prints them -> the field names we query with.
+_HEADER_ALIASES = {
+    "used_gpu_memory": "used_memory",
+    "name": "name",
+}
+
+_NUMBER_RE = re.compile(r"^(-?\d+(?:\.\d+)?)(?:\s*(?:MiB|%|W|MHz|C|KiB|GiB))?$")
+_LIST_GPU_RE = re.compile(r"^GPU\s+(?P<index>\d+):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)]+)\)\s*$")
+_LIST_MIG_RE = re.compile(
+    r"^\s+MIG\s+(?P<profile>\S+)\s+Device\s+(?P<device>\d+):\s+\(UUID:\s*(?P<uuid>[^)]+)\)\s*$"
+)
+
+
+class NvidiaSmiError(ValueError):
+    """Output that cannot be what nvidia-smi prints for the query we made."""
+
+
+# ---------------------------------------------------------------------------------------------
+# argv
+
+def query_gpu_argv(nvidia_smi="nvidia-smi", fields=GPU_FIELDS):
+    return [nvidia_smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
+
+
+def query_apps_argv(nvidia_smi="nvidia-smi", fields=APP_FIELDS):
+    return [nvidia_smi, "--query-compute-apps=" + ",".join(fields), "--format=csv,noheader,nounits"]
+
+
+def list_argv(nvidia_smi="nvidia-smi"):
+    return [nvidia_smi, "-L"]
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+def exit_meaning(rc):
+    """Words for an nvidia-smi exit status."""
+    return EXIT_CODES.get(rc, "unknown exit status")
+
+
+def failure_message(rc, stdout="", stderr=""):
+    """Return "nvidia-smi failed (exit 9: driver not loaded): <output>", or None when fine.
+
+    A zero exit with a known failure text ("No devices were found", "Failed to initialize
+    NVML: ...") is a failure too.
+    """
+    output = " ".join(part.strip() for part in (stderr or "", stdout or "") if part and part.strip())
+    output = re.sub(r"\s*\n\s*", " ", output)
+    if rc == 0:
+        for text in FAILURE_TEXTS:
+            if text in (stdout or "") or text in (stderr or ""):
+                return "nvidia-smi failed (exit 0): %s" % output
+        return None
+    return "nvidia-smi failed (exit %d: %s): %s" % (rc, exit_meaning(rc), output or "(no output)")
+
+
+# ---------------------------------------------------------------------------------------------
+# cells
+
+def is_error_value(cell):
+    return cell.startswith("[") and cell.endswith("]")
+
+
+def _split(line, nfields, text_index):
+    """Split one CSV row into ``nfields`` stripped cells.
+
+    nvidia-smi does not quote; a comma inside the free-text column (a process or GPU name) is
+    folded back into that column.
+    """
+    cells = [c.strip() for c in line.split(",")]
+    if len(cells) > nfields and text_index is not None:
+        extra = len(cells) - nfields
+        merged = ", ".join(cells[text_index:text_index + extra + 1])
+        cells = cells[:text_index] + [merged] + cells[text_index + extra + 1:]
+    if len(cells) != nfields:
+        raise NvidiaSmiError("expected %d fields, got %d: %r" % (nfields, len(cells), line))
+    return cells
+
+
+def _header_key(cell):
+    name = re.sub(r"\s*\[[^\]]*\]\s*$", "", cell.strip())  # "memory.used [MiB]" -> "memory.used"
+    return _HEADER_ALIASES.get(name, name)
+
+
+def _looks_like_header(cells, fields):
+    keys = [_header_key(c) for c in cells]
+    return keys[0] == fields[0] or sorted(keys) == sorted(fields)
+
+
+def parse_number(cell):
+    """Return (value, error) for a numeric cell: ``"130013 MiB"`` -> (130013, None),
+    ``"[N/A]"`` -> (None, "[N/A]"). Raises NvidiaSmiError for anything else."""
+    cell = cell.strip()
+    if is_error_value(cell):
+        return None, cell
+    m = _NUMBER_RE.match(cell)
+    if not m:
+        raise NvidiaSmiError("not a number: %r" % cell)
+    text = m.group(1)
+    return (float(text) if "." in text else int(text)), None
+
+
+def parse_text(cell):
+    cell = cell.strip()
+    if is_error_value(cell):
+        return None, cell
+    return cell, None
+
+
+def _rows(text, fields, text_index):
+    """Yield dicts field -> raw cell, skipping blank lines and header lines (column order is
+    taken from a header when one is present)."""
+    order = list(fields)
+    for raw in (text or "").splitlines():
+        line = raw.strip()
+        if not line or line == "No running processes found":
+            continue
+        cells = _split(line, len(order), text_index)
+        if _looks_like_header(cells, fields):
+            keys = [_header_key(c) for c in cells]
+            if sorted(keys) == sorted(fields):
+                order = keys
+                text_index = order.index(fields[text_index]) if text_index is not None else None
+            continue
+        yield dict(zip(order, cells))
+
+
+# ---------------------------------------------------------------------------------------------
+# parsers
+
+def parse_query_gpu(text):
+    """Parse ``--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu`` output.
+
+    Returns a list of dicts: index, uuid, name, memory_used_mib, memory_total_mib,
+    utilization_gpu_pct, errors (["memory.used: [N/A]", ...]). Error values become None.
+    """
+    gpus = []
+    for row in _rows(text, GPU_FIELDS, GPU_FIELDS.index("name")):
+        errors = []
+
+        def num(field):
+            value, err = parse_number(row[field])
+            if err:
+                errors.append("%s: %s" % (field, err))
+            return value
+
+        def txt(field):
+            value, err = parse_text(row[field])
+            if err:
+                errors.append("%s: %s" % (field, err))
+            return value
+
+        index = num("index")
+        gpu = {
+            "index": index,
+            "uuid": txt("uuid"),
+            "name": txt("name"),
+            "memory_used_mib": num("memory.used"),
+            "memory_total_mib": num("memory.total"),
+            "utilization_gpu_pct": num("utilization.gpu"),
+            "errors": errors,
+        }
+        if index is None:
+            raise NvidiaSmiError("GPU row without an index: %r" % row)
+        gpus.append(gpu)
+    return gpus
+
+
+def parse_compute_apps(text):
+    """Parse ``--query-compute-apps=pid,process_name,gpu_uuid,used_memory`` output.
+
+    Returns a list of dicts: pid, process_name, gpu_uuid, used_memory_mib, errors. A name of
+    ``[Not Found]`` (PID not visible from this namespace) becomes None.
+    """
+    apps = []
+    for row in _rows(text, APP_FIELDS, APP_FIELDS.index("process_name")):
+        errors = []
+        pid, err = parse_number(row["pid"])
+        if err:
+            errors.append("pid: %s" % err)
+        name, err = parse_text(row["process_name"])
+        if err:
+            errors.append("process_name: %s" % err)
+        uuid, err = parse_text(row["gpu_uuid"])
+        if err:
+            errors.append("gpu_uuid: %s" % err)
+        used, err = parse_number(row["used_memory"])
+        if err:
+            errors.append("used_memory: %s" % err)
+        apps.append({
+            "pid": pid,
+            "process_name": name,
+            "gpu_uuid": uuid,
+            "used_memory_mib": used,
+            "errors": errors,
+        })
+    return apps
+
+
+def parse_list(text):
+    """Parse ``nvidia-smi -L``: [{index, name, uuid, mig: [{profile, device, uuid}]}]."""
+    gpus = []
+    for raw in (text or "").splitlines():
+        if not raw.strip():
+            continue
+        m = _LIST_GPU_RE.match(raw.rstrip())
+        if m:
+            gpus.append({"index": int(m.group("index")), "name": m.group("name"),
+                         "uuid": m.group("uuid").strip(), "mig": []})
+            continue
+        m = _LIST_MIG_RE.match(raw.rstrip())
+        if m and gpus:
+            gpus[-1]["mig"].append({"profile": m.group("profile"), "device": int(m.group("device")),
+                                    "uuid": m.group("uuid").strip()})
+            continue
+        raise NvidiaSmiError("unexpected line in nvidia-smi -L output: %r" % raw)
+    return gpus
+
+
+def join_processes(gpus, apps):
+    """Attach compute apps to GPUs by uuid: each GPU gets ``processes`` [{pid, process_name,
+    used_memory_mib}]. Returns new GPU dicts; apps on an unknown uuid are dropped."""
+    by_uuid = {}
+    for app in apps:
+        by_uuid.setdefault(app.get("gpu_uuid"), []).append({
+            "pid": app["pid"],
+            "process_name": app["process_name"],
+            "used_memory_mib": app["used_memory_mib"],
+        })
+    joined = []
+    for gpu in gpus:
+        g = dict(gpu)
+        g["processes"] = by_uuid.get(gpu.get("uuid"), []) if gpu.get("uuid") else []
+        joined.append(g)
+    return joined
+
+
+def select(gpus, indexes):
+    """Keep GPUs whose index is in ``indexes`` (None: all). Returns (selected, missing)."""
+    if indexes is None:
+        return list(gpus), []
+    have = {g["index"] for g in gpus}
+    wanted = list(dict.fromkeys(indexes))
+    return [g for g in gpus if g["index"] in set(wanted)], [i for i in wanted if i not in have]
+
+
+def memory_by_index(gpus):
+    """{index: memory_used_mib or None}."""
+    return {g["index"]: g["memory_used_mib"] for g in gpus}
+
+
+def summarize(gpus):
+    """gpu_count and total_used_mib (unreadable readings count as 0)."""
+    return {
+        "gpu_count": len(gpus),
+        "total_used_mib": sum(g["memory_used_mib"] or 0 for g in gpus),
+    }
+
+
+def index_ranges(indexes):
+    """[0, 1, 2, 5] -> "0-2, 5" (for messages)."""
+    out = []
+    idx = sorted(set(indexes))
+    i = 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        out.append(str(idx[i]) if i == j else "%d-%d" % (idx[i], idx[j]))
+        i = j + 1
+    return ", ".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# one read (the command runner is injected: AnsibleModule.run_command in modules)
+
+def locate(name, get_bin_path):
+    """Path of the nvidia-smi to run, or None. ``name`` with a "/" is taken as a path."""
+    import os
+    if os.sep in name:
+        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
+    return get_bin_path(name)
+
+
+def not_found_message(name):
+    return "nvidia-smi not found: %s (no NVIDIA driver/utilities on this host?)" % name
+
+
+def read_gpus(run, nvidia_smi="nvidia-smi", processes=True):
+    """One ``--query-gpu`` (+ one ``--query-compute-apps``) call through ``run(argv) -> (rc,
+    out, err)``. Returns (gpus with ``processes``, warnings). Raises NvidiaSmiError with the
+    failure message when the GPU query fails; a failed process query is only a warning (the
+    memory figures are what counts)."""
+    rc, out, err = run(query_gpu_argv(nvidia_smi))
+    msg = failure_message(rc, out, err)
+    if msg:
+        raise NvidiaSmiError(msg)
+    gpus = parse_query_gpu(out)
+    warnings = []
+    apps = []
+    if processes:
+        rc, out, err = run(query_apps_argv(nvidia_smi))
+        msg = failure_message(rc, out, err)
+        if msg:
+            warnings.append("process list unavailable: " + msg)
+        else:
+            try:
+                apps = parse_compute_apps(out)
+            except NvidiaSmiError as e:
+                warnings.append("process list unreadable: %s" % e)
+    return join_processes(gpus, apps), warnings

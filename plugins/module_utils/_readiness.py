@@ -1,0 +1,364 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Judging readiness and GPU drain: pure predicates plus a clock (kubernetes.core waiter style).
+
+A module polls, builds a ``Snapshot`` per poll and hands it to a judge's ``observe``; the judge
+holds the expectations and the clock state and answers a ``Verdict`` (pending, ready or
+failed, with a reason in words). No I/O here: tests drive a fake clock through snapshots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
+    exit_description,
+    int_prop,
+    is_running,
+    pick,
+    runtime_s,
+    state_words,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import index_ranges
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+    DEFAULT_READY_REGEX,
+    is_reason_line,
+)
+
+PENDING = "pending"
+READY = "ready"
+FAILED = "failed"
+
+
+def fmt_s(seconds):
+    """0.6 -> "0.6", 120.0 -> "120", 15.34 -> "15"."""
+    if seconds is None:
+        return "?"
+    if float(seconds).is_integer():
+        return "%d" % seconds
+    if seconds < 10:
+        return "%.1f" % seconds
+    return "%.0f" % seconds
+
+
+def fmt_gpu_list(indexes):
+    return ("GPU %s" if len(indexes) == 1 else "GPUs %s") % ", ".join(str(i) for i in indexes)
+
+
+@dataclass
+class Verdict:
+    state: str
+    reason: str = ""
+    details: dict = field(default_factory=dict)
+
+    @property
+    def done(self):
+        return self.state != PENDING
+
+
+@dataclass
+class Snapshot:
+    """One poll: ``now`` (monotonic s), ``unit`` (systemctl show props), ``gpus_mib``
+    ({index: MiB or None}), ``log`` (a ``_trainer_log.LogAnalysis`` of this start; its
+    ``marker`` is None until our marker line was seen)."""
+    now: float
+    unit: dict
+    gpus_mib: dict
+    log: object = None
+
+
+@dataclass
+class Expectations:
+    invocation_id: str
+    n_restarts: int = 0
+    gpus: list = None          # None: every GPU in the snapshot
+    min_mib: int = 1024
+    min_steps: int = 2         # 0 disables the step checks (count, increase, stall)
+    hold_s: float = 10.0
+    stall_s: float = 15.0
+    timeout_s: float = 300.0
+    tail_lines: int = 20
+    ready_regex: str = DEFAULT_READY_REGEX
+
+
+def expected_gpus(expect, gpus_mib):
+    return list(expect.gpus) if expect.gpus is not None else sorted(gpus_mib)
+
+
+def gpu_shortfall(indexes, gpus_mib, min_mib):
+    """(absent, unreadable, [(index, mib) below min_mib])."""
+    absent = [i for i in indexes if i not in gpus_mib]
+    unreadable = [i for i in indexes if i in gpus_mib and gpus_mib[i] is None]
+    low = [(i, gpus_mib[i]) for i in indexes
+           if i in gpus_mib and gpus_mib[i] is not None and gpus_mib[i] < min_mib]
+    return absent, unreadable, low
+
+
+def missing_conditions(expect, snap):
+    """What still keeps the trainer from READY, in words (empty: all conditions hold)."""
+    missing = []
+    indexes = expected_gpus(expect, snap.gpus_mib)
+    if not indexes:
+        missing.append("nvidia-smi reports no GPUs")
+    _absent, unreadable, low = gpu_shortfall(indexes, snap.gpus_mib, expect.min_mib)
+    if unreadable:
+        missing.append("%s memory unreadable" % fmt_gpu_list(unreadable))
+    if low:
+        missing.append("%s below %d MiB (%s MiB)" % (
+            fmt_gpu_list([i for i, _mib in low]), expect.min_mib, ", ".join(str(m) for _i, m in low)))
+    log = snap.log
+    if log is None or getattr(log, "marker", None) is None:
+        missing.append("no start marker for invocation %s in the log" % expect.invocation_id)
+        return missing
+    if log.ready_line is None:
+        missing.append("no line matching %r in this start's log" % expect.ready_regex)
+    if expect.min_steps > 0 and log.n_steps < expect.min_steps:
+        if log.n_steps == 0:
+            missing.append("no step values in this start's log")
+        else:
+            missing.append("only %d of %d increasing step values in this start's log (last step=%s)"
+                           % (log.n_steps, expect.min_steps, log.last_step))
+    return missing
+
+
+def death_words(props, log):
+    """"exited with status 1 after 0.6 s: <reason line>" (parts left out when unknown)."""
+    words = exit_description(props)
+    if words:
+        runtime = runtime_s(props)
+        if runtime is not None:
+            words += " after %s s" % fmt_s(runtime)
+    else:
+        words = "is not running (%s)" % state_words(props)
+    reason = log.reason if log is not None and getattr(log, "marker", None) is not None else None
+    if reason:
+        words += ": " + reason
+    elif log is None or getattr(log, "marker", None) is None:
+        words += ": no start marker for this invocation in the log"
+    return words
+
+
+class Judge(object):
+    """Readiness of one trainer start.
+
+    FAILED at once: unit not active/running; a restart (NRestarts above the baseline, or a new
+    InvocationID); an error pattern in this start's log; the step counter stalled for longer
+    than ``stall_s`` during the hold window. READY when every condition (see
+    ``missing_conditions``) held continuously for ``hold_s`` and the step counter increased in
+    that window. FAILED at ``timeout_s`` after the first observation, naming what was missing.
+    """
+
+    def __init__(self, expect, start=None):
+        self.expect = expect
+        self.start = start
+        self.hold_since = None
+        self.hold_step = None
+        self.progress_step = None
+        self.progress_at = None
+        self.observations = 0
+
+    # -- clock ---------------------------------------------------------------------------------
+    @property
+    def deadline(self):
+        return None if self.start is None else self.start + self.expect.timeout_s
+
+    def next_wait(self, now, interval):
+        """Seconds to sleep before the next poll: ``interval``, shortened to land on the
+        deadline (never negative)."""
+        if self.deadline is None:
+            return max(0.0, interval)
+        return max(0.0, min(interval, self.deadline - now))
+
+    # -- verdicts ------------------------------------------------------------------------------
+    def _details(self, snap, missing=None):
+        log = snap.log
+        has_log = log is not None and getattr(log, "marker", None) is not None
+        indexes = expected_gpus(self.expect, snap.gpus_mib)
+        details = {
+            "invocation_id": self.expect.invocation_id,
+            "release": (log.marker or {}).get("release") if has_log else None,
+            "unit": pick(snap.unit),
+            "gpus_mib": {i: snap.gpus_mib.get(i) for i in indexes},
+            "elapsed_s": round(snap.now - self.start, 3),
+            "log_tail": log.tail(self.expect.tail_lines) if has_log else [],
+            "step": log.last_step if has_log else None,
+        }
+        if missing is not None:
+            details["missing"] = missing
+        return details
+
+    def _fail(self, snap, reason, missing=None):
+        details = self._details(snap, missing)
+        details["reason"] = reason
+        return Verdict(FAILED, reason, details)
+
+    def observe(self, snap):
+        if self.start is None:
+            self.start = snap.now
+        self.observations += 1
+        expect = self.expect
+        props = snap.unit
+        log = snap.log
+        has_log = log is not None and getattr(log, "marker", None) is not None
+
+        # 1. the unit: restarted, or not running
+        n_restarts = int_prop(props, "NRestarts", 0)
+        invocation = props.get("InvocationID", "")
+        if n_restarts > expect.n_restarts:
+            return self._fail(snap, "trainer restarted (NRestarts %d → %d): %s (crash loop)" % (
+                expect.n_restarts, n_restarts, death_words(props, log)))
+        if invocation and invocation != expect.invocation_id:
+            return self._fail(snap, "trainer restarted (InvocationID %s → %s): %s" % (
+                expect.invocation_id, invocation, death_words(props, log)))
+        if not is_running(props):
+            return self._fail(snap, "trainer " + death_words(props, log))
+
+        # 2. an error pattern in this start's log
+        if has_log and log.errors:
+            line = log.first_error
+            reason = log.reason
+            words = "log shows error: " + line
+            if reason and reason != line and is_reason_line(reason):
+                words += " … " + reason
+            return self._fail(snap, words)
+
+        # 3. GPUs that nvidia-smi does not report will not appear by waiting
+        indexes = expected_gpus(expect, snap.gpus_mib)
+        absent = [i for i in indexes if i not in snap.gpus_mib]
+        if absent:
+            return self._fail(snap, "%s not reported by nvidia-smi (it reports %s)" % (
+                fmt_gpu_list(absent), index_ranges(snap.gpus_mib) or "none"))
+
+        # 4. progress clock (the highest step seen, whenever it rose)
+        step = log.max_step if has_log else None
+        if step is not None and (self.progress_step is None or step > self.progress_step):
+            self.progress_step = step
+            self.progress_at = snap.now
+
+        # 5. the hold window
+        missing = missing_conditions(expect, snap)
+        if missing:
+            self.hold_since = None
+            self.hold_step = None
+        else:
+            if self.hold_since is None:
+                self.hold_since = snap.now
+                self.hold_step = step
+            if expect.min_steps > 0 and self.progress_at is not None:
+                stalled = snap.now - self.progress_at
+                if stalled > expect.stall_s:
+                    return self._fail(snap, "no progress for %s s (last step=%s)" % (
+                        fmt_s(stalled), step))
+            held = snap.now - self.hold_since
+            increased = expect.min_steps <= 0 or (
+                step is not None and self.hold_step is not None and step > self.hold_step)
+            if held >= expect.hold_s and increased:
+                return self._ready(snap)
+
+        # 6. the deadline
+        if snap.now - self.start >= expect.timeout_s:
+            if not missing:
+                held = snap.now - self.hold_since
+                if held < expect.hold_s:
+                    missing = ["conditions held for only %s of %s s" % (fmt_s(held), fmt_s(expect.hold_s))]
+                else:
+                    missing = ["step counter did not increase during the hold window (step=%s)" % step]
+            return self._fail(snap, "not ready after %s s: %s" % (
+                fmt_s(expect.timeout_s), "; ".join(missing)), missing)
+        return Verdict(PENDING, "; ".join(missing) if missing else "holding", {"missing": missing})
+
+    def _ready(self, snap):
+        log = snap.log
+        indexes = expected_gpus(self.expect, snap.gpus_mib)
+        details = {
+            "release": (log.marker or {}).get("release"),
+            "invocation_id": self.expect.invocation_id,
+            "main_pid": int_prop(snap.unit, "MainPID", 0),
+            "gpus_mib": {i: snap.gpus_mib[i] for i in indexes},
+            "matched_line": log.ready_line,
+            "tok_s": log.tok_s,
+            "step": log.last_step,
+            "seconds_to_ready": round(snap.now - self.start, 3),
+        }
+        return Verdict(READY, "ready: %s" % log.ready_line, details)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU drain
+
+def holders_words(gpus, indexes):
+    """"pid 1234 python3 (5000 MiB on GPU 5), ..." for processes on the given GPUs."""
+    parts = []
+    for gpu in gpus:
+        if gpu["index"] not in indexes:
+            continue
+        for proc in gpu.get("processes") or []:
+            parts.append("pid %s %s (%s MiB on GPU %s)" % (
+                proc.get("pid") if proc.get("pid") is not None else "?",
+                proc.get("process_name") or "[name not visible]",
+                proc.get("used_memory_mib") if proc.get("used_memory_mib") is not None else "?",
+                gpu["index"]))
+    return ", ".join(parts)
+
+
+class DrainJudge(object):
+    """Every selected GPU at or below ``max_mib`` on ``consecutive`` samples in a row; FAILED
+    at ``timeout_s`` naming the GPUs still held and the holders nvidia-smi shows (inside a
+    container often none: memory is judged from the per-GPU figures only)."""
+
+    def __init__(self, max_mib=1024, consecutive=2, timeout_s=60.0, gpus=None, start=None):
+        self.max_mib = max_mib
+        self.consecutive = max(1, consecutive)
+        self.timeout_s = timeout_s
+        self.gpus = gpus
+        self.start = start
+        self.samples = 0
+        self.streak = 0
+
+    @property
+    def deadline(self):
+        return None if self.start is None else self.start + self.timeout_s
+
+    def next_wait(self, now, interval):
+        if self.deadline is None:
+            return max(0.0, interval)
+        return max(0.0, min(interval, self.deadline - now))
+
+    def observe(self, now, gpus):
+        """``gpus``: parsed query-gpu rows (with ``processes`` when known)."""
+        if self.start is None:
+            self.start = now
+        self.samples += 1
+        mib = {g["index"]: g["memory_used_mib"] for g in gpus}
+        indexes = list(self.gpus) if self.gpus is not None else sorted(mib)
+        details = {
+            "samples": self.samples,
+            "waited_s": round(now - self.start, 3),
+            "gpus_mib": {i: mib.get(i) for i in indexes},
+        }
+        absent = [i for i in indexes if i not in mib]
+        if absent:
+            reason = "%s not reported by nvidia-smi (it reports %s)" % (
+                fmt_gpu_list(absent), index_ranges(mib) or "none")
+            return Verdict(FAILED, reason, dict(details, reason=reason))
+        held = [i for i in indexes if mib[i] is None or mib[i] > self.max_mib]
+        self.streak = 0 if held else self.streak + 1
+        if self.streak >= self.consecutive:
+            return Verdict(READY, "GPU memory at or below %d MiB on %d consecutive samples" % (
+                self.max_mib, self.consecutive), details)
+        if now - self.start >= self.timeout_s:
+            if held:
+                what = ", ".join("GPU %s %s" % (i, "%s MiB" % mib[i] if mib[i] is not None else "unreadable")
+                                 for i in held)
+                holders = holders_words(gpus, held) or \
+                    "none visible from here (inside a container the process list is often empty)"
+                reason = "GPU memory still held after %s s: %s; holders: %s" % (
+                    fmt_s(self.timeout_s), what, holders)
+            else:
+                reason = "GPU memory not drained on %d consecutive samples within %s s" % (
+                    self.consecutive, fmt_s(self.timeout_s))
+            details["held"] = held
+            return Verdict(FAILED, reason, dict(details, reason=reason))
+        return Verdict(PENDING, "held: %s" % ", ".join(str(i) for i in held) if held else "draining",
+                       details)

@@ -1,0 +1,144 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_drain
+short_description: Wait on the target until GPU memory is released
+version_added: "0.1.0"
+description:
+  - Samples C(nvidia-smi --query-gpu) every O(interval_s) seconds on the target, in one task,
+    until every selected GPU uses at most O(max_mib) MiB on O(consecutive) samples in a row.
+  - Processes killed with the trainer (DataLoader workers, children) keep GPU memory until they
+    are gone; a stuck context never gives it back. Use this between stopping and starting.
+  - >-
+    Fails at O(timeout_s) naming the GPUs still held and the holders nvidia-smi shows, for example
+    C(GPU memory still held after 60 s: GPU 5 5000 MiB; holders: pid 1234 python3 (5000 MiB on GPU 5)).
+    Inside a container the process list is often empty; memory is judged from the per-GPU figures.
+options:
+  gpus:
+    description: GPU indexes to wait for. Default is every GPU nvidia-smi reports.
+    type: list
+    elements: int
+  max_mib:
+    description: A GPU counts as drained at or below this many MiB used.
+    type: int
+    default: 1024
+  consecutive:
+    description: Number of samples in a row on which every selected GPU must be drained.
+    type: int
+    default: 2
+  interval_s:
+    description: Seconds between samples.
+    type: float
+    default: 1.0
+  timeout_s:
+    description: Seconds to wait before failing.
+    type: float
+    default: 60
+  nvidia_smi:
+    description: Name (looked up in E(PATH)) or absolute path of the nvidia-smi executable.
+    type: str
+    default: nvidia-smi
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; waits in check mode too.
+  diff_mode:
+    support: none
+    description: Returns no diff.
+author:
+  - dflash.trainer maintainers (@dflash)
+"""
+
+EXAMPLES = r"""
+- name: Wait until all GPUs are free after stopping the trainer
+  dflash.trainer.gpu_drain:
+    timeout_s: 60
+
+- name: Wait for GPUs 4-7 with a stricter threshold
+  dflash.trainer.gpu_drain:
+    gpus: [4, 5, 6, 7]
+    max_mib: 16
+    consecutive: 3
+    interval_s: 0.5
+"""
+
+RETURN = r"""
+samples:
+  description: Number of nvidia-smi samples taken.
+  returned: always
+  type: int
+  sample: 3
+waited_s:
+  description: Seconds waited from the first sample to the last.
+  returned: always
+  type: float
+  sample: 2.004
+gpus_mib:
+  description: Memory used per selected GPU index on the last sample (null when unreadable).
+  returned: always
+  type: dict
+  sample: {"0": 0, "1": 3}
+held:
+  description: GPU indexes still above O(max_mib) at the timeout.
+  returned: failure
+  type: list
+  elements: int
+  sample: [5, 6]
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
+    NvidiaSmiError,
+    locate,
+    not_found_message,
+    read_gpus,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._readiness import DrainJudge
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            gpus=dict(type="list", elements="int"),
+            max_mib=dict(type="int", default=1024),
+            consecutive=dict(type="int", default=2),
+            interval_s=dict(type="float", default=1.0),
+            timeout_s=dict(type="float", default=60.0),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["consecutive"] < 1 or p["interval_s"] < 0 or p["timeout_s"] < 0:
+        module.fail_json(msg="consecutive must be >= 1, interval_s and timeout_s >= 0")
+    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
+    if nvidia_smi is None:
+        module.fail_json(msg=not_found_message(p["nvidia_smi"]))
+
+    judge = DrainJudge(max_mib=p["max_mib"], consecutive=p["consecutive"], timeout_s=p["timeout_s"],
+                       gpus=p["gpus"], start=time.monotonic())
+    while True:
+        try:
+            # the process list only names holders in the failure message; memory decides
+            gpus, _warnings = read_gpus(module.run_command, nvidia_smi)
+        except NvidiaSmiError as e:
+            module.fail_json(msg=str(e), samples=judge.samples)
+        verdict = judge.observe(time.monotonic(), gpus)
+        if verdict.state == "ready":
+            module.exit_json(changed=False, **verdict.details)
+        if verdict.state == "failed":
+            module.fail_json(msg=verdict.reason, **verdict.details)
+        time.sleep(judge.next_wait(time.monotonic(), p["interval_s"]))
+
+
+if __name__ == "__main__":
+    main()

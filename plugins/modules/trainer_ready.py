@@ -1,0 +1,372 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_ready
+short_description: Prove on the target that this start of the trainer is training, or say why not
+version_added: "0.1.0"
+description:
+  - One task that polls on the target every O(interval_s) seconds (no controller-side retries)
+    until the trainer started by M(dflash.trainer.trainer_start) is proved ready, or fails with the
+    reason in words and the tail of this start's log.
+  - >-
+    Only lines after the launcher's marker C(==> dflash.trainer start invocation=<ID> ...) with
+    O(invocation_id) count ("this start's log"); lines left by earlier runs never match.
+    The log is read incrementally; when it shrinks or is replaced it is read again from its start.
+  - >-
+    Fails at once when the unit is not active/running (for example
+    C(trainer exited with status 1 after 0.6 s: ModuleNotFoundError: No module named 'flash_attn')),
+    when it restarted (NRestarts above O(n_restarts) or a new InvocationID), when an error pattern
+    appears in this start's log, or when the step counter stops rising for more than O(stall_s)
+    during the hold window.
+  - Ready when, continuously for O(hold_s) seconds, the unit runs with O(invocation_id), every GPU in
+    O(gpus) uses at least O(min_mib) MiB, this start's log has a line matching O(ready_regex) and at
+    least O(min_steps) increasing step values, and the step counter rose within the window.
+  - >-
+    Fails at O(timeout_s) naming what was still missing, for example
+    C(not ready after 120 s: GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB)).
+options:
+  unit:
+    description: The trainer's systemd unit.
+    type: str
+    required: true
+  log_path:
+    description: The log file the unit's launcher appends to (markers and trainer output).
+    type: path
+    required: true
+  invocation_id:
+    description: InvocationID of the activation to judge (RV(dflash.trainer.trainer_start#module:invocation_id)).
+    type: str
+    required: true
+  n_restarts:
+    description: NRestarts baseline (RV(dflash.trainer.trainer_start#module:n_restarts)); a higher value means a restart.
+    type: int
+    default: 0
+  gpus:
+    description: GPU indexes that must hold memory. Default is every GPU nvidia-smi reports.
+    type: list
+    elements: int
+  min_mib:
+    description: Memory in MiB each GPU in O(gpus) must use.
+    type: int
+    default: 1024
+  ready_regex:
+    description: Python regular expression a line of this start's log must match.
+    type: str
+    default: tok/s
+  step_regex:
+    description: Python regular expression whose first group is the step counter.
+    type: str
+    default: '\bstep[=: ]\s*(\d+)'
+  tokps_regex:
+    description: Python regular expression whose first group is the throughput in tokens per second.
+    type: str
+    default: 'tok/s[=: ]\s*([0-9.]+)'
+  error_regexes:
+    description: Python regular expressions that fail the task when a line of this start's log matches.
+    type: list
+    elements: str
+    default: ['Traceback \(most recent call last\)', 'CUDA out of memory', 'NCCL error', 'OutOfMemoryError']
+  min_steps:
+    description: Increasing step values this start's log must show. V(0) turns the step checks off.
+    type: int
+    default: 2
+  hold_s:
+    description: Seconds all conditions must hold without a break.
+    type: float
+    default: 10
+  stall_s:
+    description: Fail when the step counter has not risen for longer than this during the hold window.
+    type: float
+    default: 15
+  timeout_s:
+    description: Seconds to wait for readiness before failing.
+    type: float
+    default: 300
+  interval_s:
+    description: Seconds between polls; a dead trainer is noticed within about one interval.
+    type: float
+    default: 1.0
+  tail_lines:
+    description: Lines of this start's log returned (and shown in the message) on failure.
+    type: int
+    default: 20
+  nvidia_smi:
+    description: Name (looked up in E(PATH)) or absolute path of the nvidia-smi executable.
+    type: str
+    default: nvidia-smi
+attributes:
+  check_mode:
+    support: partial
+    description: Skipped in check mode (nothing was started to judge); returns RV(ready=null).
+    details: The task is reported as skipped and probes nothing.
+  diff_mode:
+    support: none
+    description: Returns no diff.
+author:
+  - dflash.trainer maintainers (@dflash)
+"""
+
+EXAMPLES = r"""
+- name: Start the trainer
+  dflash.trainer.trainer_start:
+    unit: dflash-trainer.service
+  register: __trainer_start
+
+- name: Prove this start is training on all 8 GPUs
+  dflash.trainer.trainer_ready:
+    unit: dflash-trainer.service
+    log_path: /var/log/dflash-trainer/trainer.log
+    invocation_id: "{{ __trainer_start.invocation_id }}"
+    n_restarts: "{{ __trainer_start.n_restarts }}"
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    min_mib: 4096
+    timeout_s: 180
+  register: __trainer_ready
+
+- name: Record the proof
+  ansible.builtin.debug:
+    msg: "{{ __trainer_ready.proof.release }} ready in {{ __trainer_ready.proof.seconds_to_ready }} s at {{ __trainer_ready.proof.tok_s }} tok/s"
+"""
+
+RETURN = r"""
+ready:
+  description: V(true) when proved ready; V(null) in check mode. On failure the task fails.
+  returned: always
+  type: bool
+  sample: true
+proof:
+  description: What was observed when readiness was proved.
+  returned: success
+  type: dict
+  contains:
+    release:
+      description: Release id from this start's marker line.
+      type: str
+      sample: 0123456789abcdef
+    invocation_id:
+      description: The activation judged.
+      type: str
+      sample: 6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70
+    main_pid:
+      description: The unit's MainPID.
+      type: int
+      sample: 4242
+    gpus_mib:
+      description: Memory used per GPU index.
+      type: dict
+      sample: {"0": 70000, "1": 70000}
+    matched_line:
+      description: The last line of this start's log matching O(ready_regex).
+      type: str
+      sample: "step=12 loss=2.12 tok/s=1012.0 queue_target=4 queue_drafter=4"
+    tok_s:
+      description: The latest throughput read with O(tokps_regex).
+      type: float
+      sample: 1012.0
+    step:
+      description: The latest step value.
+      type: int
+      sample: 12
+    seconds_to_ready:
+      description: Seconds from the first poll to the proof.
+      type: float
+      sample: 11.02
+reason:
+  description: Why the trainer is not ready, in words.
+  returned: failure
+  type: str
+  sample: "trainer exited with status 1 after 0.6 s: ModuleNotFoundError: No module named 'flash_attn'"
+log_tail:
+  description: The last O(tail_lines) lines of this start's log.
+  returned: failure
+  type: list
+  elements: str
+  sample: ["Traceback (most recent call last):", "ModuleNotFoundError: No module named 'flash_attn'"]
+unit:
+  description: Unit properties at the failure (ActiveState, SubState, Result, ExecMainCode, ExecMainStatus, ...).
+  returned: failure
+  type: dict
+  sample: {"ActiveState": "failed", "Result": "exit-code", "ExecMainStatus": "1"}
+gpus_mib:
+  description: Memory used per expected GPU index at the failure.
+  returned: failure
+  type: dict
+  sample: {"0": 0}
+missing:
+  description: The conditions still missing at the deadline.
+  returned: failure at the deadline
+  type: list
+  elements: str
+  sample: ["GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB)"]
+"""
+
+import codecs
+import os
+import re
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.converters import to_native
+
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
+    NvidiaSmiError,
+    locate,
+    memory_by_index,
+    not_found_message,
+    read_gpus,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
+    FAILED,
+    READY,
+    Expectations,
+    Judge,
+    Snapshot,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
+    is_running,
+    parse_show,
+    show_argv,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+    DEFAULT_ERROR_REGEXES,
+    DEFAULT_READY_REGEX,
+    DEFAULT_STEP_REGEX,
+    DEFAULT_TOKPS_REGEX,
+    StartLog,
+)
+
+READ_CHUNK = 1 << 20
+
+
+class LogReader(object):
+    """Reads what was appended since the last poll; starts again from 0 when the file shrank
+    or was replaced (new inode)."""
+
+    def __init__(self, path, follower):
+        self.path = path
+        self.follower = follower
+        self.offset = 0
+        self.inode = None
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def poll(self):
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return
+        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
+            self.offset = 0
+            self.decoder.reset()
+            self.follower.truncated()
+        self.inode = st.st_ino
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            while True:
+                data = f.read(READ_CHUNK)
+                if not data:
+                    break
+                self.offset += len(data)
+                self.follower.feed(self.decoder.decode(data))
+
+
+def failure_msg(reason, tail, tail_lines):
+    if not tail:
+        return reason + "\n(this start's log is empty or has no marker for this invocation)"
+    return "%s\nlast %d lines of this start's log:\n%s" % (
+        reason, min(len(tail), tail_lines), "\n".join("    " + line for line in tail))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            unit=dict(type="str", required=True),
+            log_path=dict(type="path", required=True),
+            invocation_id=dict(type="str", required=True),
+            n_restarts=dict(type="int", default=0),
+            gpus=dict(type="list", elements="int"),
+            min_mib=dict(type="int", default=1024),
+            ready_regex=dict(type="str", default=DEFAULT_READY_REGEX),
+            step_regex=dict(type="str", default=DEFAULT_STEP_REGEX),
+            tokps_regex=dict(type="str", default=DEFAULT_TOKPS_REGEX),
+            error_regexes=dict(type="list", elements="str", default=list(DEFAULT_ERROR_REGEXES)),
+            min_steps=dict(type="int", default=2),
+            hold_s=dict(type="float", default=10.0),
+            stall_s=dict(type="float", default=15.0),
+            timeout_s=dict(type="float", default=300.0),
+            interval_s=dict(type="float", default=1.0),
+            tail_lines=dict(type="int", default=20),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, ready=None,
+                         msg="check mode: nothing was started, readiness not judged")
+    if not p["invocation_id"].strip():
+        module.fail_json(msg="invocation_id is empty; pass trainer_start's invocation_id")
+
+    regexes = {}
+    for name in ("ready_regex", "step_regex", "tokps_regex"):
+        try:
+            regexes[name] = re.compile(p[name])
+        except re.error as e:
+            module.fail_json(msg="invalid %s %r: %s" % (name, p[name], e))
+    errors = []
+    for rx in p["error_regexes"]:
+        try:
+            errors.append(re.compile(rx))
+        except re.error as e:
+            module.fail_json(msg="invalid error_regexes entry %r: %s" % (rx, e))
+
+    systemctl = module.get_bin_path("systemctl", required=True)
+    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
+    if nvidia_smi is None:
+        module.fail_json(msg=not_found_message(p["nvidia_smi"]))
+
+    follower = StartLog(p["invocation_id"], ready_regex=regexes["ready_regex"],
+                        step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
+                        error_regexes=errors)
+    reader = LogReader(p["log_path"], follower)
+    expect = Expectations(
+        invocation_id=p["invocation_id"], n_restarts=p["n_restarts"], gpus=p["gpus"],
+        min_mib=p["min_mib"], min_steps=p["min_steps"], hold_s=p["hold_s"], stall_s=p["stall_s"],
+        timeout_s=p["timeout_s"], tail_lines=p["tail_lines"], ready_regex=p["ready_regex"])
+    judge = Judge(expect, start=time.monotonic())
+    show = show_argv(p["unit"], systemctl=systemctl)
+
+    while True:
+        # unit first, log last: the log is then at least as fresh as the unit state
+        rc, out, err = module.run_command(show)
+        if rc != 0:
+            module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
+        props = parse_show(out)
+        try:
+            gpus, _warnings = read_gpus(module.run_command, nvidia_smi, processes=False)
+        except NvidiaSmiError as e:
+            module.fail_json(msg=str(e), reason=str(e), log_tail=follower.analysis.tail(p["tail_lines"]))
+        try:
+            reader.poll()
+        except (IOError, OSError) as e:
+            module.fail_json(msg="Unable to read log %s: %s" % (p["log_path"], to_native(e)))
+        if not is_running(props):
+            follower.finish()  # the process is gone: a last line without newline is final
+        verdict = judge.observe(Snapshot(now=time.monotonic(), unit=props,
+                                         gpus_mib=memory_by_index(gpus), log=follower.analysis))
+        if verdict.state == READY:
+            module.exit_json(changed=False, ready=True, proof=verdict.details, msg=verdict.reason)
+        if verdict.state == FAILED:
+            details = dict(verdict.details)
+            tail = details.get("log_tail") or []
+            module.fail_json(msg=failure_msg(verdict.reason, tail, p["tail_lines"]), ready=False, **details)
+        time.sleep(judge.next_wait(time.monotonic(), p["interval_s"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_status
+short_description: Report what the trainer is running, what is deployed, and how it is doing
+version_added: "0.1.0"
+description:
+  - Read-only. Reads the unit with C(systemctl show), the release the running trainer was started
+    from, the release C(<trainer_root>/current) points to, C(<trainer_root>/last_good), per-GPU
+    memory, and the last progress line of the current invocation's log.
+  - The running release is read from C(DFLASH_RELEASE) in the environment of the unit's main process
+    or its children (the launcher exports it), else from the log's marker line of the current
+    invocation.
+  - RV(drift) is V(true) when the running release differs from C(current).
+options:
+  unit:
+    description: The trainer's systemd unit.
+    type: str
+    required: true
+  trainer_root:
+    description: Directory holding C(releases/), the C(current) symlink and C(last_good). Omit to skip.
+    type: path
+  log_path:
+    description: The trainer's log file (with the launcher's marker lines). Omit to skip.
+    type: path
+  nvidia_smi:
+    description:
+      - Name (looked up in E(PATH)) or absolute path of nvidia-smi. When it is missing or fails,
+        RV(gpus_mib) is V(null) and RV(gpu_error) says why; the task does not fail.
+    type: str
+    default: nvidia-smi
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs in check mode.
+  diff_mode:
+    support: none
+    description: Returns no diff.
+author:
+  - dflash.trainer maintainers (@dflash)
+"""
+
+EXAMPLES = r"""
+- name: What is the trainer doing?
+  dflash.trainer.trainer_status:
+    unit: dflash-trainer.service
+    trainer_root: /opt/dflash-trainer
+    log_path: /var/log/dflash-trainer/trainer.log
+  register: __trainer_status
+
+- name: Warn about a deployed but not running release
+  ansible.builtin.debug:
+    msg: "running {{ __trainer_status.running_release }}, current {{ __trainer_status.current_release }}"
+  when: __trainer_status.drift
+"""
+
+RETURN = r"""
+active_state:
+  description: The unit's ActiveState.
+  returned: always
+  type: str
+  sample: active
+sub_state:
+  description: The unit's SubState.
+  returned: always
+  type: str
+  sample: running
+running:
+  description: Whether the unit is active and running.
+  returned: always
+  type: bool
+  sample: true
+main_pid:
+  description: The unit's MainPID (0 when not running).
+  returned: always
+  type: int
+  sample: 4242
+invocation_id:
+  description: The unit's current InvocationID.
+  returned: always
+  type: str
+  sample: 6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70
+n_restarts:
+  description: NRestarts.
+  returned: always
+  type: int
+  sample: 0
+result:
+  description: The unit's Result.
+  returned: always
+  type: str
+  sample: success
+started_at:
+  description: ExecMainStartTimestamp.
+  returned: always
+  type: str
+  sample: Mon 2026-11-30 04:05:06 UTC
+seconds_since_start:
+  description: Seconds the main process has run (until its exit when it ended); null when unknown.
+  returned: always
+  type: float
+  sample: 3600.5
+exit:
+  description: How the main process ended (C(exited with status 1), C(killed by signal KILL)); null while it runs.
+  returned: always
+  type: str
+  sample: null
+running_release:
+  description: Release id the running trainer was started from; null when not running or unknown.
+  returned: always
+  type: str
+  sample: 0123456789abcdef
+running_release_source:
+  description: Where RV(running_release) came from, V(environ) or V(log marker).
+  returned: always
+  type: str
+  sample: environ
+current_release:
+  description: Basename of the C(current) symlink target under O(trainer_root).
+  returned: when O(trainer_root) is set
+  type: str
+  sample: 0123456789abcdef
+drift:
+  description: V(true) when both releases are known and the running one is not C(current).
+  returned: always
+  type: bool
+  sample: false
+last_good:
+  description: Content of C(<trainer_root>/last_good), null when absent.
+  returned: when O(trainer_root) is set
+  type: str
+  sample: 0123456789abcdef
+gpus_mib:
+  description: Memory used per GPU index; null when nvidia-smi is missing or failed.
+  returned: always
+  type: dict
+  sample: {"0": 70000, "1": 70000}
+gpu_error:
+  description: Why RV(gpus_mib) is null.
+  returned: when nvidia-smi is missing or failed
+  type: str
+  sample: "nvidia-smi failed (exit 9: driver not loaded): ..."
+log_release:
+  description: Release id in the current invocation's marker line.
+  returned: when O(log_path) is set
+  type: str
+  sample: 0123456789abcdef
+last_progress_line:
+  description: The last line of the current invocation's log with a step or tok/s value.
+  returned: when O(log_path) is set
+  type: str
+  sample: "step=3600 loss=1.92 tok/s=10250.3 queue_target=4 queue_drafter=4"
+tok_s:
+  description: The latest tok/s of the current invocation.
+  returned: when O(log_path) is set
+  type: float
+  sample: 10250.3
+step:
+  description: The latest step of the current invocation.
+  returned: when O(log_path) is set
+  type: int
+  sample: 3600
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
+    NvidiaSmiError,
+    locate,
+    memory_by_index,
+    not_found_message,
+    read_gpus,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
+    exit_description,
+    int_prop,
+    is_running,
+    parse_show,
+    runtime_s,
+    show_argv,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog
+
+RELEASE_VAR = "DFLASH_RELEASE"
+
+
+def environ_value(data, key):
+    """Value of ``key`` in a /proc/<pid>/environ blob, or None."""
+    prefix = key.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode("utf-8", "replace")
+    return None
+
+
+def release_from_proc(pid, depth=3):
+    """DFLASH_RELEASE of ``pid`` or, breadth first, of its children (the launcher exports it to
+    the command it runs, so its own initial environment may lack it)."""
+    queue = [(pid, 0)]
+    while queue:
+        current, level = queue.pop(0)
+        try:
+            with open("/proc/%d/environ" % current, "rb") as f:
+                value = environ_value(f.read(), RELEASE_VAR)
+        except (IOError, OSError):
+            value = None
+        if value:
+            return value
+        if level < depth:
+            try:
+                with open("/proc/%d/task/%d/children" % (current, current)) as f:
+                    queue.extend((int(c), level + 1) for c in f.read().split())
+            except (IOError, OSError, ValueError):
+                pass
+    return None
+
+
+def read_log(path, invocation_id):
+    follower = StartLog(invocation_id, keep_lines=50)
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(1 << 20)
+            if not data:
+                break
+            follower.feed(data.decode("utf-8", "replace"))
+    return follower.finish()
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            unit=dict(type="str", required=True),
+            trainer_root=dict(type="path"),
+            log_path=dict(type="path"),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    systemctl = module.get_bin_path("systemctl", required=True)
+    rc, out, err = module.run_command(show_argv(p["unit"], systemctl=systemctl))
+    if rc != 0:
+        module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
+    props = parse_show(out)
+    running = is_running(props)
+    main_pid = int_prop(props, "MainPID", 0)
+    invocation = props.get("InvocationID", "")
+    result = dict(
+        changed=False,
+        active_state=props.get("ActiveState", ""),
+        sub_state=props.get("SubState", ""),
+        running=running,
+        main_pid=main_pid,
+        invocation_id=invocation,
+        n_restarts=int_prop(props, "NRestarts", 0),
+        result=props.get("Result", ""),
+        started_at=props.get("ExecMainStartTimestamp", ""),
+        seconds_since_start=None,
+        exit=None if running else exit_description(props),
+        running_release=None,
+        running_release_source=None,
+        drift=False,
+        gpus_mib=None,
+    )
+    seconds = runtime_s(props, now_monotonic_s=time.monotonic() if running else None)
+    result["seconds_since_start"] = round(seconds, 3) if seconds is not None else None
+
+    if running and main_pid > 0:
+        release = release_from_proc(main_pid)
+        if release:
+            result.update(running_release=release, running_release_source="environ")
+
+    if p["log_path"]:
+        result.update(log_release=None, last_progress_line=None, tok_s=None, step=None)
+        if invocation and os.path.exists(p["log_path"]):
+            try:
+                follower = read_log(p["log_path"], invocation)
+            except (IOError, OSError) as e:
+                module.warn("Unable to read log %s: %s" % (p["log_path"], e))
+            else:
+                analysis = follower.analysis
+                result.update(log_release=(follower.marker or {}).get("release"),
+                              last_progress_line=analysis.progress_line, tok_s=analysis.tok_s,
+                              step=analysis.last_step)
+                if running and not result["running_release"] and result["log_release"]:
+                    result.update(running_release=result["log_release"], running_release_source="log marker")
+
+    if p["trainer_root"]:
+        current = os.path.join(p["trainer_root"], "current")
+        result["current_release"] = os.path.basename(os.readlink(current).rstrip("/")) \
+            if os.path.islink(current) else None
+        last_good = os.path.join(p["trainer_root"], "last_good")
+        result["last_good"] = None
+        if os.path.isfile(last_good):
+            with open(last_good) as f:
+                result["last_good"] = f.read().strip() or None
+        result["drift"] = bool(result["running_release"] and result["current_release"]
+                               and result["running_release"] != result["current_release"])
+
+    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
+    if nvidia_smi is None:
+        result["gpu_error"] = not_found_message(p["nvidia_smi"])
+    else:
+        try:
+            gpus, _warnings = read_gpus(module.run_command, nvidia_smi, processes=False)
+            result["gpus_mib"] = memory_by_index(gpus)
+        except NvidiaSmiError as e:
+            result["gpu_error"] = str(e)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

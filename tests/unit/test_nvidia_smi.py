@@ -1,0 +1,276 @@
+# -*- coding: utf-8 -*-
+"""nvidia-smi argv and CSV parsing, from fixtures written to the real tool's formats."""
+
+import os
+
+import pytest
+
+from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi as smi
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi")
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name)) as f:
+        return f.read()
+
+
+def test_argv():
+    assert smi.query_gpu_argv("/usr/bin/nvidia-smi") == [
+        "/usr/bin/nvidia-smi",
+        "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu",
+        "--format=csv,noheader,nounits",
+    ]
+    assert smi.query_apps_argv() == [
+        "nvidia-smi",
+        "--query-compute-apps=pid,process_name,gpu_uuid,used_memory",
+        "--format=csv,noheader,nounits",
+    ]
+    assert smi.list_argv() == ["nvidia-smi", "-L"]
+
+
+@pytest.mark.parametrize("name", ["h200x8_query_gpu.txt", "h200x8_query_gpu_header_units.txt"])
+def test_query_gpu_h200(name):
+    gpus = smi.parse_query_gpu(fixture(name))
+    assert [g["index"] for g in gpus] == list(range(8))
+    assert gpus[0] == {
+        "index": 0,
+        "uuid": "GPU-3f1a2b00-1c2d-4e5f-8a9b-c0ffee000000",
+        "name": "NVIDIA H200",
+        "memory_used_mib": 130013,
+        "memory_total_mib": 143771,
+        "utilization_gpu_pct": 100,
+        "errors": [],
+    }
+    assert smi.memory_by_index(gpus) == {0: 130013, 1: 130013, 2: 130013, 3: 130013, 4: 130013,
+                                         5: 0, 6: 0, 7: 0}
+    assert smi.summarize(gpus) == {"gpu_count": 8, "total_used_mib": 5 * 130013}
+
+
+@pytest.mark.parametrize("name,index,field,expected_errors", [
+    ("h100x2_query_gpu_na.txt", 1, "utilization_gpu_pct", ["utilization.gpu: [N/A]"]),
+    ("h100_mig_query_gpu_insufficient.txt", 0, "memory_used_mib",
+     ["memory.used: [Insufficient Permissions]", "utilization.gpu: [N/A]"]),
+    ("lost_gpu_query_gpu.txt", 0, "memory_total_mib",
+     ["memory.used: [GPU is lost]", "memory.total: [GPU is lost]", "utilization.gpu: [GPU is lost]"]),
+    ("lost_gpu_query_gpu.txt", 1, "memory_used_mib",
+     ["memory.used: [GPU requires reset]", "utilization.gpu: [Unknown Error]"]),
+])
+def test_query_gpu_error_values(name, index, field, expected_errors):
+    gpus = {g["index"]: g for g in smi.parse_query_gpu(fixture(name))}
+    assert gpus[index][field] is None
+    assert gpus[index]["errors"] == expected_errors
+
+
+def test_h100_total_and_good_row():
+    gpus = smi.parse_query_gpu(fixture("h100x2_query_gpu_na.txt"))
+    assert gpus[0]["memory_total_mib"] == 81559
+    assert gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpus[0]["errors"] == []
+
+
+def test_cells_are_stripped_and_odd_spacing_tolerated():
+    text = "  0 ,GPU-a,  NVIDIA H200 ,  12 MiB,143771 MiB ,  7 %  \n\n"
+    (gpu,) = smi.parse_query_gpu(text)
+    assert (gpu["name"], gpu["memory_used_mib"], gpu["utilization_gpu_pct"]) == ("NVIDIA H200", 12, 7)
+
+
+def test_header_column_order_is_followed():
+    text = ("uuid, index, memory.used [MiB], name, memory.total [MiB], utilization.gpu [%]\n"
+            "GPU-a, 3, 100 MiB, NVIDIA H200, 143771 MiB, 1 %\n")
+    (gpu,) = smi.parse_query_gpu(text)
+    assert (gpu["index"], gpu["uuid"], gpu["memory_used_mib"]) == (3, "GPU-a", 100)
+
+
+def test_malformed_row_raises():
+    with pytest.raises(smi.NvidiaSmiError):
+        smi.parse_query_gpu("0, GPU-a, NVIDIA H200, lots, 143771, 0\n")
+    with pytest.raises(smi.NvidiaSmiError):
+        smi.parse_query_gpu("0, GPU-a\n")
+
+
+@pytest.mark.parametrize("name", ["h200x8_compute_apps.txt", "h200x8_compute_apps_header_units.txt"])
+def test_compute_apps(name):
+    apps = smi.parse_compute_apps(fixture(name))
+    assert len(apps) == 5
+    assert apps[0] == {"pid": 48211, "process_name": None,
+                       "gpu_uuid": "GPU-3f1a2b00-1c2d-4e5f-8a9b-c0ffee000000",
+                       "used_memory_mib": 130004, "errors": ["process_name: [Not Found]"]}
+    assert apps[4]["process_name"] == "python3"
+    assert apps[4]["errors"] == []
+
+
+@pytest.mark.parametrize("text", [
+    fixture("compute_apps_header_only.txt"),
+    fixture("compute_apps_empty_noheader.txt"),
+    "No running processes found\n",
+])
+def test_compute_apps_none(text):
+    assert smi.parse_compute_apps(text) == []
+
+
+def test_process_name_with_comma():
+    (app,) = smi.parse_compute_apps("7, python3 -c a,b, GPU-a, 10\n")
+    assert app["process_name"] == "python3 -c a, b"
+    assert app["gpu_uuid"] == "GPU-a"
+
+
+def test_join_processes_by_uuid():
+    gpus = smi.parse_query_gpu(fixture("h200x8_query_gpu.txt"))
+    apps = smi.parse_compute_apps(fixture("h200x8_compute_apps.txt"))
+    apps.append({"pid": 1, "process_name": "x", "gpu_uuid": "GPU-elsewhere", "used_memory_mib": 5,
+                 "errors": []})
+    joined = smi.join_processes(gpus, apps)
+    assert joined[4]["processes"] == [{"pid": 1234, "process_name": "python3", "used_memory_mib": 130004}]
+    assert joined[0]["processes"][0]["process_name"] is None
+    assert joined[5]["processes"] == []
+    assert "processes" not in gpus[0]  # input untouched
+
+
+def test_lxc_empty_process_list_keeps_memory():
+    gpus = smi.join_processes(smi.parse_query_gpu(fixture("h200x8_query_gpu.txt")),
+                              smi.parse_compute_apps(fixture("compute_apps_header_only.txt")))
+    assert gpus[0]["memory_used_mib"] == 130013
+    assert gpus[0]["processes"] == []
+
+
+def test_list_plain_and_mig():
+    gpus = smi.parse_list(fixture("h200x8_list.txt"))
+    assert [(g["index"], g["name"]) for g in gpus][:2] == [(0, "NVIDIA H200"), (1, "NVIDIA H200")]
+    assert gpus[7]["uuid"] == "GPU-3f1a2b07-1c2d-4e5f-8a9b-c0ffee000007"
+    mig = smi.parse_list(fixture("h100_mig_list.txt"))
+    assert len(mig) == 2
+    assert [m["profile"] for m in mig[0]["mig"]] == ["1g.10gb", "1g.10gb", "3g.40gb"]
+    assert mig[0]["mig"][2] == {"profile": "3g.40gb", "device": 2,
+                                "uuid": "MIG-2d7a3c4e-5f60-7182-93a4-b5c6d7e8f90a"}
+    assert mig[1]["mig"] == []
+
+
+def test_list_rejects_garbage():
+    with pytest.raises(smi.NvidiaSmiError):
+        smi.parse_list(fixture("no_devices.txt"))
+
+
+@pytest.mark.parametrize("rc,out,err,expected", [
+    (0, "0, GPU-a, X, 1, 2, 3\n", "", None),
+    (9, fixture("driver_not_loaded.txt"), "",
+     "nvidia-smi failed (exit 9: driver not loaded): NVIDIA-SMI has failed because it couldn't "
+     "communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."),
+    (12, "", "NVML library not found\n", "nvidia-smi failed (exit 12: NVML not found): NVML library not found"),
+    (2, "", "", "nvidia-smi failed (exit 2: invalid argument): (no output)"),
+    (3, "", "", "nvidia-smi failed (exit 3: not supported): (no output)"),
+    (4, "", "", "nvidia-smi failed (exit 4: no permission): (no output)"),
+    (6, fixture("no_devices.txt"), "", "nvidia-smi failed (exit 6: not found): No devices were found"),
+    (15, "", "", "nvidia-smi failed (exit 15: GPU fell off the bus): (no output)"),
+    (255, fixture("nvml_mismatch.txt"), "",
+     "nvidia-smi failed (exit 255: other error): Failed to initialize NVML: Driver/library version mismatch"),
+    (0, fixture("no_devices.txt"), "", "nvidia-smi failed (exit 0): No devices were found"),
+    (0, "", fixture("nvml_mismatch.txt"),
+     "nvidia-smi failed (exit 0): Failed to initialize NVML: Driver/library version mismatch"),
+    (42, "x", "", "nvidia-smi failed (exit 42: unknown exit status): x"),
+])
+def test_failure_message(rc, out, err, expected):
+    assert smi.failure_message(rc, out, err) == expected
+
+
+def test_select_and_ranges():
+    gpus = smi.parse_query_gpu(fixture("h200x8_query_gpu.txt"))
+    selected, missing = smi.select(gpus, [7, 5, 9])
+    assert [g["index"] for g in selected] == [5, 7]
+    assert missing == [9]
+    assert smi.select(gpus, None)[1] == []
+    assert smi.index_ranges([0, 1, 2, 3, 5, 7, 6]) == "0-3, 5-7"
+    assert smi.index_ranges([]) == ""
+
+
+class FakeRun(object):
+    """Stands in for AnsibleModule.run_command: answers by query kind."""
+
+    def __init__(self, gpu=(0, "", ""), apps=(0, "", "")):
+        self.answers = {"--query-gpu": gpu, "--query-compute-apps": apps}
+        self.calls = []
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        return self.answers[argv[1].split("=")[0]]
+
+
+def test_read_gpus_joins_and_calls_twice():
+    run = FakeRun(gpu=(0, fixture("h200x8_query_gpu.txt"), ""), apps=(0, fixture("h200x8_compute_apps.txt"), ""))
+    gpus, warnings = smi.read_gpus(run, "/usr/bin/nvidia-smi")
+    assert warnings == []
+    assert len(run.calls) == 2 and all(isinstance(a, list) for a in run.calls)
+    assert gpus[4]["processes"][0]["pid"] == 1234
+
+
+def test_read_gpus_failure_and_process_warning():
+    with pytest.raises(smi.NvidiaSmiError, match=r"^nvidia-smi failed \(exit 9: driver not loaded\): NVIDIA-SMI"):
+        smi.read_gpus(FakeRun(gpu=(9, fixture("driver_not_loaded.txt"), "")))
+    gpus, warnings = smi.read_gpus(FakeRun(gpu=(0, fixture("h200x8_query_gpu.txt"), ""), apps=(3, "", "")))
+    assert warnings == ["process list unavailable: nvidia-smi failed (exit 3: not supported): (no output)"]
+    assert gpus[0]["processes"] == [] and gpus[0]["memory_used_mib"] == 130013
+    run = FakeRun(gpu=(0, fixture("h200x8_query_gpu.txt"), ""))
+    smi.read_gpus(run, processes=False)
+    assert len(run.calls) == 1
+
+
+def test_locate(tmp_path):
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text("#!/bin/sh\n")
+    assert smi.locate(str(exe), lambda n: None) is None       # not executable
+    exe.chmod(0o755)
+    assert smi.locate(str(exe), lambda n: None) == str(exe)
+    assert smi.locate("nvidia-smi", lambda n: "/usr/bin/" + n) == "/usr/bin/nvidia-smi"
+
+
+# ---------------------------------------------------------------------------------------------
+# gpu_info module, run in-process against a fake nvidia-smi that replays the fixtures
+
+import json
+import stat
+
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.dflash.trainer.plugins.modules import gpu_info
+
+
+def fake_smi(tmp_path, gpu_fixture, apps_fixture="compute_apps_header_only.txt", rc=0):
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "  --query-gpu=*) cat '%s'; exit %d ;;\n"
+        "  --query-compute-apps=*) cat '%s' ;;\n"
+        "esac\n" % (os.path.join(FIXTURES, gpu_fixture), rc, os.path.join(FIXTURES, apps_fixture)))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def run_module(main, args, capsys):
+    with patch_module_args(args):
+        with pytest.raises(SystemExit):
+            main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_gpu_info_module(tmp_path, capsys):
+    smi_path = fake_smi(tmp_path, "h200x8_query_gpu.txt", "h200x8_compute_apps.txt")
+    out = run_module(gpu_info.main, {"nvidia_smi": smi_path, "gpus": [4, 5], "_ansible_check_mode": True}, capsys)
+    assert out["changed"] is False
+    assert out["gpu_count"] == 2 and out["total_used_mib"] == 130013
+    assert out["gpus"][0]["processes"] == [{"pid": 1234, "process_name": "python3", "used_memory_mib": 130004}]
+
+
+@pytest.mark.parametrize("args,msg", [
+    ({"gpus": [9]}, "GPU 9 not reported by nvidia-smi (it reports 0-7)"),
+    ({"nvidia_smi": "/nonexistent/nvidia-smi"}, "nvidia-smi not found: /nonexistent/nvidia-smi"),
+])
+def test_gpu_info_module_failures(tmp_path, capsys, args, msg):
+    args = dict({"nvidia_smi": fake_smi(tmp_path, "h200x8_query_gpu.txt")}, **args)
+    out = run_module(gpu_info.main, args, capsys)
+    assert out["failed"] and out["msg"].startswith(msg)
+
+
+def test_gpu_info_module_driver_not_loaded(tmp_path, capsys):
+    out = run_module(gpu_info.main, {"nvidia_smi": fake_smi(tmp_path, "driver_not_loaded.txt", rc=9)}, capsys)
+    assert out["msg"].startswith("nvidia-smi failed (exit 9: driver not loaded): NVIDIA-SMI has failed")
