@@ -149,6 +149,9 @@ def main():
         module.exit_json(changed=True, msg="unit %s would be started" % unit,
                          **result(before, int_prop(before, "NRestarts", 0), False))
 
+    # A deliberate start by the deployer must not be refused by the start limit that exists to
+    # stop crash loops (a failed proof + rollback already costs two starts): reset it first.
+    module.run_command([systemctl, "reset-failed", unit])
     rc, out, err = module.run_command(start_argv(unit, systemctl=systemctl))
     if rc != 0:
         module.fail_json(msg="Unable to start unit %s: %s" % (unit, (err or out).strip()), rc=rc)
