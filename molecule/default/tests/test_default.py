@@ -49,11 +49,14 @@ def test_current_is_the_deployed_release(host):
 
 
 def test_running_process_runs_current(host):
+    """The trainer process (the launcher's child) was started from, and runs in, current."""
     main_pid = show(host, "MainPID")["MainPID"]
-    environ = host.check_output("tr '\\0' '\\n' < /proc/%s/environ" % main_pid)
+    trainer_pid = host.check_output("pgrep -P %s" % main_pid).split()[0]
+    environ = host.check_output("tr '\\0' '\\n' < /proc/%s/environ" % trainer_pid)
     running = dict(line.split("=", 1) for line in environ.splitlines() if "=" in line)["DFLASH_RELEASE"]
     current = os.path.basename(host.file(TRAINER_ROOT + "/current").linked_to)
     assert running == current
+    assert host.check_output("readlink /proc/%s/cwd" % trainer_pid) == TRAINER_ROOT + "/releases/" + current
     assert host.file(TRAINER_ROOT + "/last_good").content_string.strip() == current
 
 

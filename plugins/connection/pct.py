@@ -1,0 +1,593 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026 dflash.trainer contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""dflash.trainer.pct: OpenSSH (with connection reuse) to a Proxmox host, then `pct exec` into a CT."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: pct
+short_description: Run tasks in a Proxmox LXC container through OpenSSH and C(pct exec)
+description:
+  - Connects to the Proxmox host with the OpenSSH client (C(ssh) binary, never a local shell),
+    reusing one ControlMaster connection per host/port/user, and runs every command inside the
+    container as C(pct exec VMID -- /bin/sh -c CMD).
+  - Supports pipelining (the module is fed on stdin, no temporary files), so a module task costs
+    one round trip on a warm master.
+  - File transfers stream in constant memory (C(cat) through C(pct exec)); every upload and
+    download is verified by its byte count, because the exit status of C(pct) is not trusted.
+  - Every remote call is bounded by O(pct_command_timeout); a call that outlives it is killed and
+    fails with a clear message.
+  - Known failures of the transport become C(AnsibleConnectionFailure) (the host is reported
+    UNREACHABLE) with a message naming the container and the host - container not running,
+    unknown VMID, host unreachable, authentication failure, sudo or pct missing on the host.
+    Any other exit status, 255 included, is the command's own and is returned to the task.
+  - With O(pct_local=true), Ansible runs on the Proxmox host itself and C(pct) is run directly.
+author: dflash.trainer contributors
+version_added: 0.1.0
+notes:
+  - Authentication is by key or agent only (C(BatchMode=yes)); there is no password prompt.
+  - Containers on the same host share one SSH master (ControlPath hashes host, port and user).
+    OpenSSH's server limits sessions per connection (C(MaxSessions), default 10), so keep C(forks)
+    at or below that for one Proxmox host, or raise C(MaxSessions) there.
+  - A timed-out call is killed on the controller at once; in the container it is ended by
+    C(timeout) 2 s later (see O(pct_timeout_in_container)), or, without it, runs until it ends.
+  - The container needs C(/bin/sh), C(cat) and C(wc) (busybox is enough).
+options:
+  remote_addr:
+    description: Address of the Proxmox host.
+    type: string
+    default: inventory_hostname
+    vars:
+      - name: inventory_hostname
+      - name: ansible_host
+      - name: ansible_ssh_host
+  port:
+    description: SSH port of the Proxmox host. Unset means the ssh client's own default/config.
+    type: int
+    ini:
+      - section: defaults
+        key: remote_port
+    env:
+      - name: ANSIBLE_REMOTE_PORT
+    vars:
+      - name: ansible_port
+      - name: ansible_ssh_port
+    keyword:
+      - name: port
+  remote_user:
+    description:
+      - User to log in as on the Proxmox host. Unset means the ssh client's default.
+      - A non-root user needs O(pct_sudo=true) and a passwordless sudo rule for C(pct).
+    type: string
+    ini:
+      - section: defaults
+        key: remote_user
+    env:
+      - name: ANSIBLE_REMOTE_USER
+    vars:
+      - name: ansible_user
+      - name: ansible_ssh_user
+    keyword:
+      - name: remote_user
+  private_key_file:
+    description: Private key for the Proxmox host (same variables as the ssh and proxmox_pct_remote plugins).
+    type: string
+    ini:
+      - section: defaults
+        key: private_key_file
+    env:
+      - name: ANSIBLE_PRIVATE_KEY_FILE
+    vars:
+      - name: ansible_private_key_file
+      - name: ansible_ssh_private_key_file
+    cli:
+      - name: private_key_file
+        option: '--private-key'
+  proxmox_vmid:
+    description:
+      - ID of the container on the Proxmox host (the same variable proxmox_pct_remote reads).
+      - Required; a host without it fails as unreachable with a message saying so.
+    type: string
+    vars:
+      - name: proxmox_vmid
+      - name: ansible_pct_vmid
+  pct_path:
+    description: Path of C(pct) on the Proxmox host.
+    type: string
+    default: /usr/sbin/pct
+    ini:
+      - section: pct_connection
+        key: pct_path
+    env:
+      - name: ANSIBLE_PCT_PATH
+    vars:
+      - name: pct_path
+      - name: ansible_pct_path
+  ssh_executable:
+    description: The ssh client to run.
+    type: string
+    default: ssh
+    ini:
+      - section: ssh_connection
+        key: ssh_executable
+    env:
+      - name: ANSIBLE_SSH_EXECUTABLE
+    vars:
+      - name: ansible_ssh_executable
+  ssh_extra_args:
+    description:
+      - Extra arguments for the ssh client, split like a shell would (no shell runs).
+      - They come before the plugin's own C(-o) options, and ssh keeps the first value it sees,
+        so they override the plugin's defaults (for example C(-o LogLevel=DEBUG)).
+    type: string
+    default: ''
+    ini:
+      - section: ssh_connection
+        key: ssh_extra_args
+    env:
+      - name: ANSIBLE_SSH_EXTRA_ARGS
+    vars:
+      - name: ansible_ssh_extra_args
+    cli:
+      - name: ssh_extra_args
+  pct_tty:
+    description:
+      - Request a pty (C(ssh -tt)), so that C(pct exec) gives the command a terminal.
+      - Never used for pipelined calls (data on stdin); stdout and stderr are merged on a tty.
+    type: boolean
+    default: false
+    ini:
+      - section: pct_connection
+        key: tty
+    env:
+      - name: ANSIBLE_PCT_TTY
+    vars:
+      - name: pct_tty
+      - name: ansible_pct_tty
+  pct_local:
+    description: Ansible runs on the Proxmox host itself - run C(pct) directly, no ssh.
+    type: boolean
+    default: false
+    ini:
+      - section: pct_connection
+        key: local
+    env:
+      - name: ANSIBLE_PCT_LOCAL
+    vars:
+      - name: pct_local
+      - name: ansible_pct_local
+  pct_sudo:
+    description: Prefix C(sudo -n) to C(pct) on the host (for a non-root O(remote_user)).
+    type: boolean
+    default: false
+    ini:
+      - section: pct_connection
+        key: sudo
+    env:
+      - name: ANSIBLE_PCT_SUDO
+    vars:
+      - name: pct_sudo
+      - name: ansible_pct_sudo
+      - name: proxmox_become
+  control_persist:
+    description:
+      - Seconds an idle SSH master stays up after the last call (C(ControlPersist)).
+      - V(0) or less disables connection reuse (a fresh login per call, about 0.3 s each).
+    type: int
+    default: 60
+    ini:
+      - section: pct_connection
+        key: control_persist
+    env:
+      - name: ANSIBLE_PCT_CONTROL_PERSIST
+    vars:
+      - name: ansible_pct_control_persist
+  control_path_dir:
+    description: Directory of the master sockets (C(ControlPath=DIR/dflash-%C), short enough for a socket path).
+    type: string
+    default: ~/.ansible/cp
+    ini:
+      - section: ssh_connection
+        key: control_path_dir
+    env:
+      - name: ANSIBLE_SSH_CONTROL_PATH_DIR
+    vars:
+      - name: ansible_control_path_dir
+  pct_command_timeout:
+    description:
+      - Seconds any single remote call (a module run, a put, a fetch) may take, after which its
+        process group is killed and the task fails with C(command timed out after N s).
+      - The default (1800) leaves room for slow package installs; lower it for fast feedback.
+    type: int
+    default: 1800
+    ini:
+      - section: pct_connection
+        key: command_timeout
+    env:
+      - name: ANSIBLE_PCT_COMMAND_TIMEOUT
+    vars:
+      - name: pct_command_timeout
+      - name: ansible_pct_command_timeout
+  pct_timeout_in_container:
+    description:
+      - Also bound each command inside the container with C(timeout -k 5) at
+        O(pct_command_timeout) + 2 s, when the container has C(timeout) (coreutils or busybox), so
+        a command that timed out does not keep running there. Not used with O(pct_tty).
+      - V(false) runs exactly C(pct exec VMID -- /bin/sh -c CMD).
+    type: boolean
+    default: true
+    ini:
+      - section: pct_connection
+        key: timeout_in_container
+    env:
+      - name: ANSIBLE_PCT_TIMEOUT_IN_CONTAINER
+    vars:
+      - name: pct_timeout_in_container
+      - name: ansible_pct_timeout_in_container
+  connect_timeout:
+    description: Seconds to wait for the TCP connection to the Proxmox host (C(ConnectTimeout)).
+    type: int
+    default: 10
+    ini:
+      - section: defaults
+        key: timeout
+    env:
+      - name: ANSIBLE_TIMEOUT
+      - name: ANSIBLE_SSH_TIMEOUT
+    vars:
+      - name: ansible_ssh_timeout
+  host_key_checking:
+    description:
+      - Check the Proxmox host's key (Ansible's default). V(false) adds
+        C(StrictHostKeyChecking=no) and C(UserKnownHostsFile=/dev/null).
+    type: boolean
+    default: true
+    ini:
+      - section: defaults
+        key: host_key_checking
+    env:
+      - name: ANSIBLE_HOST_KEY_CHECKING
+      - name: ANSIBLE_SSH_HOST_KEY_CHECKING
+    vars:
+      - name: ansible_host_key_checking
+      - name: ansible_ssh_host_key_checking
+  pipelining:
+    description: Feed modules on stdin instead of copying them (one round trip per module task).
+    type: boolean
+    default: true
+    ini:
+      - section: defaults
+        key: pipelining
+      - section: connection
+        key: pipelining
+      - section: ssh_connection
+        key: pipelining
+    env:
+      - name: ANSIBLE_PIPELINING
+      - name: ANSIBLE_SSH_PIPELINING
+    vars:
+      - name: ansible_pipelining
+      - name: ansible_ssh_pipelining
+"""
+
+EXAMPLES = r"""
+# inventory (YAML)
+# all:
+#   hosts:
+#     gpu-host:
+#       ansible_connection: dflash.trainer.pct
+#       ansible_host: pve1.example.org
+#       ansible_user: root
+#       proxmox_vmid: 200
+#       pct_command_timeout: 900
+"""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import tempfile
+import typing as t
+
+from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+from ansible.plugins.connection import ConnectionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+# In the container, `$1` is the path: never interpolated into the script.
+PUT_SCRIPT = 'cat > "$1" && wc -c < "$1"'
+FETCH_SCRIPT = 'n=$(wc -c < "$1") || exit 1; printf "dflash-pct-size %s\\n" "$n" >&2; exec cat < "$1"'
+# In the container: bound CMD ("$2") by timeout(1) where the container has it, so a call that
+# timed out on the controller does not live on there; timeout(1) signals the whole group.
+GUARD_SCRIPT = 'command -v timeout >/dev/null 2>&1 && exec timeout -k 5 "$1" /bin/sh -c "$2"; exec /bin/sh -c "$2"'
+GUARD_GRACE_S = 2
+SIZE_MARK = re.compile(r"^dflash-pct-size\s+(\d+)\s*$", re.M)
+
+# stderr of `ssh` itself when it cannot reach or log into the host (exit 255).
+_SSH_UNREACHABLE = re.compile(
+    r"ssh: connect to host .*|ssh: Could not resolve hostname .*|Could not resolve hostname .*"
+    r"|Connection timed out.*|Operation timed out.*|No route to host.*|Network is unreachable.*"
+    r"|Connection refused.*|kex_exchange_identification: .*|Connection closed by .*"
+    r"|Connection reset by .*|ssh_exchange_identification: .*")
+_SSH_AUTH = re.compile(r".*Permission denied \(.*|Too many authentication failures.*")
+_SSH_HOSTKEY = re.compile(r"Host key verification failed.*|.*REMOTE HOST IDENTIFICATION HAS CHANGED.*")
+# stderr of Proxmox's pct (exit 255).
+_PCT_NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist.*")
+_PCT_NOT_RUNNING = re.compile(
+    r"(?:Error: )?container '?\d+'? not running!?.*|can only (?:push|pull) files (?:to|from) a running (?:CT|VM).*"
+    r"|CT \d+ not running.*")
+_PCT_BAD_VMID = re.compile(r"400 Parameter verification failed\..*|vmid: invalid format.*")
+
+
+def _first(pattern: t.Pattern, text: str) -> str | None:
+    for line in text.splitlines():
+        line = line.strip()
+        if line and pattern.fullmatch(line):
+            return line
+    return None
+
+
+def classify_failure(rc: int, stderr: str, host: str, vmid: str, pct_path: str = "/usr/sbin/pct",
+                     local: bool = False) -> str | None:
+    """Message for AnsibleConnectionFailure when (rc, stderr) is a transport failure, else None.
+
+    Pure: the unit test drives it from a table. pct and ssh both exit 255; they are told apart
+    by their messages. Anything unrecognised is the container command's own result.
+    """
+    where = "this host (local pct)" if local else host
+    if rc == 255:
+        line = _first(_PCT_NO_CONFIG, stderr)
+        if line:
+            return "no container %s on %s: %s" % (vmid, where, line)
+        line = _first(_PCT_NOT_RUNNING, stderr)
+        if line:
+            return "container %s is not running on %s: %s" % (vmid, where, line)
+        line = _first(_PCT_BAD_VMID, stderr)
+        if line:
+            return "invalid container id %r on %s: %s" % (vmid, where, " ".join(stderr.split()))
+        if not local:
+            line = _first(_SSH_AUTH, stderr)
+            if line:
+                return "authentication to %s failed (ssh): %s" % (host, line)
+            line = _first(_SSH_HOSTKEY, stderr)
+            if line:
+                return "host key of %s was not accepted (ssh): %s" % (host, line)
+            line = _first(_SSH_UNREACHABLE, stderr)
+            if line:
+                return "host %s is unreachable (ssh): %s" % (host, line)
+    if rc == 1 and stderr.lstrip().startswith("sudo:"):
+        return "sudo -n for pct failed on %s: %s" % (where, stderr.strip().splitlines()[0])
+    if rc in (126, 127) and pct_path in stderr and re.search(r"not found|No such file|Permission denied", stderr):
+        return "pct (%s) cannot be run on %s: %s" % (pct_path, where, stderr.strip().splitlines()[-1])
+    return None
+
+
+def quote_remote(argv: list[str]) -> str:
+    """The string ssh hands the host's shell: every element shlex-quoted (shlex.split inverts it)."""
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+class Connection(ConnectionBase):
+    """ssh (ControlMaster) -> Proxmox host -> pct exec VMID -> container."""
+
+    transport = 'dflash.trainer.pct'
+    has_pipelining = True
+
+    # ---- options -------------------------------------------------------------------------
+    @property
+    def _host(self) -> str:
+        return to_text(self.get_option('remote_addr') or self._play_context.remote_addr or '')
+
+    @property
+    def _vmid(self) -> str:
+        vmid = self.get_option('proxmox_vmid')
+        if vmid in (None, ''):
+            raise AnsibleConnectionFailure(
+                "dflash.trainer.pct: proxmox_vmid is not set for %s" % self._host)
+        return to_text(vmid)
+
+    def _control_path(self) -> str:
+        cp_dir = os.path.expanduser(to_text(self.get_option('control_path_dir')))
+        return os.path.join(cp_dir, 'dflash-%C')
+
+    def _timeout(self) -> int:
+        return int(self.get_option('pct_command_timeout'))
+
+    # ---- pure argv builders (unit-tested from a table) ----------------------------------
+    def _build_remote_command(self, cmd: str, tty: bool = False) -> list[str]:
+        """argv run on the Proxmox host for a shell string `cmd` run in the container.
+
+        `pct exec VMID -- /bin/sh -c CMD`, or with the in-container guard (pct_timeout_in_container,
+        not on a tty) `pct exec VMID -- /bin/sh -c GUARD sh SECONDS CMD`.
+        """
+        if self.get_option('pct_timeout_in_container') and not tty:
+            return self._pct_argv(['/bin/sh', '-c', GUARD_SCRIPT, 'sh', str(self._timeout() + GUARD_GRACE_S), cmd])
+        return self._pct_argv(['/bin/sh', '-c', cmd])
+
+    def _pct_argv(self, container_argv: list[str]) -> list[str]:
+        argv = [to_text(self.get_option('pct_path')), 'exec', self._vmid, '--'] + list(container_argv)
+        if self.get_option('pct_sudo'):
+            argv = ['sudo', '-n'] + argv
+        return argv
+
+    def _build_ssh_argv(self, remote_argv: list[str], tty: bool = False, control: list[str] | None = None) -> list[str]:
+        """Local argv: `ssh [opts] -- host 'quoted remote argv'` (or remote_argv itself in local mode).
+
+        `control` (e.g. ['-O', 'stop']) builds a master control call instead (no remote command).
+        """
+        if self.get_option('pct_local') and control is None:
+            return list(remote_argv)
+        argv = [to_text(self.get_option('ssh_executable'))]
+        argv += shlex.split(to_text(self.get_option('ssh_extra_args') or ''))
+        if control:
+            argv += control
+        elif tty:
+            argv.append('-tt')
+        else:
+            argv.append('-T')
+        port = self.get_option('port')
+        if port:
+            argv += ['-p', str(port)]
+        user = self.get_option('remote_user')
+        if user:
+            argv += ['-l', to_text(user)]
+        key = self.get_option('private_key_file')
+        if key:
+            argv += ['-i', os.path.expanduser(to_text(key))]
+        opts = ['BatchMode=yes', 'LogLevel=ERROR', 'ConnectTimeout=%d' % int(self.get_option('connect_timeout'))]
+        if not self.get_option('host_key_checking'):
+            opts += ['StrictHostKeyChecking=no', 'UserKnownHostsFile=/dev/null']
+        persist = int(self.get_option('control_persist'))
+        if persist > 0:
+            opts += ['ControlMaster=auto', 'ControlPersist=%ds' % persist, 'ControlPath=%s' % self._control_path()]
+        else:
+            opts += ['ControlMaster=no', 'ControlPath=none']
+        for opt in opts:
+            argv += ['-o', opt]
+        argv += ['--', self._host]
+        if control is None:
+            argv.append(quote_remote(remote_argv))
+        return argv
+
+    # ---- running ----------------------------------------------------------------------------
+    def _connect(self):
+        if not self._connected:
+            if not self.get_option('pct_local') and int(self.get_option('control_persist')) > 0:
+                os.makedirs(os.path.dirname(self._control_path()), mode=0o700, exist_ok=True)
+            display.vvv("PCT CONNECT vmid=%s via %s" % (
+                self.get_option('proxmox_vmid'), 'local pct' if self.get_option('pct_local') else self._host),
+                host=self._host)
+            self._connected = True
+        return self
+
+    def _run(self, argv: list[str], what: str, stdin=None, stdout=subprocess.PIPE, in_data: bytes | None = None):
+        """Run argv in its own process group, bounded by pct_command_timeout. -> (rc, out, err)."""
+        timeout = self._timeout()
+        display.vvv("PCT EXEC %s" % shlex.join(argv), host=self._host)
+        if in_data is not None:
+            stdin = subprocess.PIPE
+        elif stdin is None:
+            stdin = subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise AnsibleConnectionFailure("cannot run %s for %s: %s" % (argv[0], what, exc)) from exc
+        try:
+            out, err = proc.communicate(input=in_data, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._kill(proc)
+            raise AnsibleConnectionFailure(
+                "command timed out after %d s (pct_command_timeout) in container %s on %s: %s"
+                % (timeout, self.get_option('proxmox_vmid'), self._host, what))
+        except BaseException:
+            self._kill(proc)
+            raise
+        out = out if out is not None else b''
+        err = err or b''
+        rc = proc.returncode
+        self._raise_for_transport(rc, err)
+        return rc, out, err
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        """Kill the call's process group and stop listening at once.
+
+        Never wait for EOF: an ssh mux client hands its stdio to the ControlMaster (fd passing),
+        which keeps our pipes open until the remote command ends on its own.
+        """
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        proc.wait()
+
+    def _raise_for_transport(self, rc: int, err: bytes) -> None:
+        msg = classify_failure(rc, to_text(err, errors='surrogate_or_replace'), self._host,
+                               to_text(self.get_option('proxmox_vmid')), to_text(self.get_option('pct_path')),
+                               bool(self.get_option('pct_local')))
+        if msg:
+            raise AnsibleConnectionFailure(msg)
+
+    def exec_command(self, cmd: str, in_data: bytes | None = None, sudoable: bool = True):
+        super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
+        tty = bool(self.get_option('pct_tty')) and in_data is None
+        argv = self._build_ssh_argv(self._build_remote_command(to_text(cmd), tty=tty), tty=tty)
+        return self._run(argv, to_text(cmd), in_data=in_data)
+
+    def put_file(self, in_path: str, out_path: str) -> None:
+        super().put_file(in_path, out_path)
+        display.vvv("PCT PUT %s TO %s" % (in_path, out_path), host=self._host)
+        b_in = to_bytes(in_path, errors='surrogate_or_strict')
+        if not os.path.isfile(b_in):
+            raise AnsibleFileNotFound("file or module does not exist: %s" % in_path)
+        argv = self._build_ssh_argv(self._pct_argv(['/bin/sh', '-c', PUT_SCRIPT, 'sh', to_text(out_path)]))
+        with open(b_in, 'rb') as src:
+            size = os.fstat(src.fileno()).st_size
+            rc, out, err = self._run(argv, "put %s" % out_path, stdin=src)
+        lines = to_text(out, errors='surrogate_or_replace').split()
+        got = int(lines[-1]) if lines and lines[-1].isdigit() else None
+        if rc != 0 or got != size:
+            raise AnsibleError("failed to transfer %s to %s in container %s on %s (rc=%s, %s of %d bytes): %s" % (
+                in_path, out_path, self._vmid, self._host, rc, got, size, to_text(err).strip()))
+
+    def fetch_file(self, in_path: str, out_path: str) -> None:
+        super().fetch_file(in_path, out_path)
+        display.vvv("PCT FETCH %s TO %s" % (in_path, out_path), host=self._host)
+        b_out = to_bytes(out_path, errors='surrogate_or_strict')
+        argv = self._build_ssh_argv(self._pct_argv(['/bin/sh', '-c', FETCH_SCRIPT, 'sh', to_text(in_path)]))
+        out_dir = os.path.dirname(b_out) or b'.'
+        fd, tmp = tempfile.mkstemp(prefix=b'.pct-fetch-', dir=out_dir)
+        try:
+            with os.fdopen(fd, 'wb') as dst:
+                rc, _out, err = self._run(argv, "fetch %s" % in_path, stdout=dst)
+                dst.flush()
+                got = os.fstat(dst.fileno()).st_size
+            text = to_text(err, errors='surrogate_or_replace')
+            marks = SIZE_MARK.findall(text)
+            want = int(marks[-1]) if marks else None
+            if rc != 0 or want != got:
+                raise AnsibleError("failed to fetch %s from container %s on %s to %s (rc=%s, %s of %s bytes): %s" % (
+                    in_path, self._vmid, self._host, out_path, rc, got, want, SIZE_MARK.sub('', text).strip()))
+            os.chmod(tmp, 0o644 & ~_umask())
+            os.replace(tmp, b_out)
+            tmp = None
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def reset(self) -> None:
+        """Stop the host's SSH master (meta: reset_connection); the next call logs in afresh.
+
+        `-O stop`, not `-O exit`: the master is shared by every container on that host, and other
+        forks may have commands in flight on it; stop refuses new sessions and lets those finish.
+        """
+        if not self.get_option('pct_local') and int(self.get_option('control_persist')) > 0:
+            for op in ('check', 'stop'):
+                argv = self._build_ssh_argv([], control=['-O', op])
+                display.vvv("PCT CONTROL %s" % shlex.join(argv), host=self._host)
+                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+                if proc.returncode != 0:
+                    display.vvv("PCT no master to %s: %s" % (op, to_text(proc.stderr).strip()), host=self._host)
+                    break
+        self.close()
+
+    def close(self) -> None:
+        """Called after every task: keep the master (ControlPersist ends it), drop our state only."""
+        self._connected = False
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
