@@ -1,0 +1,354 @@
+"""Typed results of a dflash.trainer playbook run, built from ansible-runner events.
+
+Pure: no ansible-runner, no I/O. `build_run_result(events, rc=..., status=...)` reads only the
+structured event data (`event`, `event_data.host/task/task_action/resolved_action/res`, and the
+`playbook_on_stats` counters), never the text a callback printed. Unknown keys are ignored; a
+missing key becomes None.
+
+Where each field comes from (per host):
+- ok: the play recap (`playbook_on_stats`): no `failures`, no `dark` (unreachable). A failure
+  that a rescue block handled is still a `runner_on_failed` event but leaves the recap clean.
+  Without a recap (run killed, timeout) no host is ok.
+- failed_task / reason: the last unrescued `runner_on_failed` / `runner_on_unreachable` of the
+  host (its task name and result `msg`); None when the host is ok.
+- changed: any task result with `changed: true`, or a non-zero `changed` count in the recap.
+- release / previous_release: the last `dflash.trainer.trainer_release` result that could switch
+  `current` (state present or rollback); failing that, the `current` of the last one.
+- rolled_back: a trainer_release with state rollback that switched `current`.
+- restarted: a `dflash.trainer.trainer_start` ran ok and started the unit.
+- proof: `proof` of the last successful `dflash.trainer.trainer_ready`.
+- log_tail: `log_tail` of the last failed trainer_ready.
+- status: the last `dflash.trainer.trainer_status` result (for a deploy that restarted, the
+  read right after the stop; run `status()` for the state afterwards).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional
+
+__all__ = ["Proof", "TrainerStatus", "HostResult", "RunResult", "build_run_result", "build_host_results"]
+
+COLLECTION = "dflash.trainer"
+_RESULT_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_unreachable": "unreachable",
+    "runner_on_skipped": "skipped",
+    "runner_item_on_ok": "ok",
+    "runner_item_on_failed": "failed",
+    "runner_item_on_skipped": "skipped",
+}
+
+
+# --- lenient conversions ------------------------------------------------------------------------
+
+def _int(value: Any) -> Optional[int]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        try:
+            return int(float(value))
+        except (TypeError, ValueError):
+            return None
+
+
+def _float(value: Any) -> Optional[float]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _bool(value: Any) -> Optional[bool]:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y")
+    return bool(value)
+
+
+def _gpus_mib(value: Any) -> Optional[dict[int, int]]:
+    """{"0": 70000, ...} (JSON keys are strings) -> {0: 70000, ...}; entries that are not numbers are dropped."""
+    if not isinstance(value, Mapping):
+        return None
+    out = {}
+    for k, v in value.items():
+        idx, mib = _int(k), _int(v)
+        if idx is not None and mib is not None:
+            out[idx] = mib
+    return dict(sorted(out.items()))
+
+
+def _lines(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return value.splitlines()
+    if isinstance(value, (list, tuple)):
+        return [_str(x) or "" for x in value]
+    return []
+
+
+def _mapping(value: Any) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+# --- typed module results -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Proof:
+    """What `dflash.trainer.trainer_ready` observed when it proved the trainer ready."""
+    release: Optional[str] = None
+    invocation_id: Optional[str] = None
+    main_pid: Optional[int] = None
+    gpus_mib: Optional[dict[int, int]] = None
+    matched_line: Optional[str] = None
+    tok_s: Optional[float] = None
+    step: Optional[int] = None
+    seconds_to_ready: Optional[float] = None
+
+    @classmethod
+    def from_result(cls, proof: Any) -> Optional["Proof"]:
+        """From the module result's `proof` dict; None when there is none."""
+        if not isinstance(proof, Mapping):
+            return None
+        return cls(release=_str(proof.get("release")), invocation_id=_str(proof.get("invocation_id")),
+                   main_pid=_int(proof.get("main_pid")), gpus_mib=_gpus_mib(proof.get("gpus_mib")),
+                   matched_line=_str(proof.get("matched_line")), tok_s=_float(proof.get("tok_s")),
+                   step=_int(proof.get("step")), seconds_to_ready=_float(proof.get("seconds_to_ready")))
+
+
+@dataclass(frozen=True)
+class TrainerStatus:
+    """A `dflash.trainer.trainer_status` result."""
+    active: Optional[bool] = None
+    active_state: Optional[str] = None
+    sub_state: Optional[str] = None
+    main_pid: Optional[int] = None
+    n_restarts: Optional[int] = None
+    running_release: Optional[str] = None
+    current_release: Optional[str] = None
+    last_good: Optional[str] = None
+    drift: Optional[bool] = None
+    gpus_mib: Optional[dict[int, int]] = None
+    last_progress_line: Optional[str] = None
+    tok_s: Optional[float] = None
+    seconds_since_start: Optional[float] = None
+
+    @classmethod
+    def from_result(cls, res: Any) -> Optional["TrainerStatus"]:
+        if not isinstance(res, Mapping):
+            return None
+        # the module returns `running` (active and running); accept `active` too
+        active = res.get("active", res.get("running"))
+        return cls(active=_bool(active), active_state=_str(res.get("active_state")),
+                   sub_state=_str(res.get("sub_state")), main_pid=_int(res.get("main_pid")),
+                   n_restarts=_int(res.get("n_restarts")), running_release=_str(res.get("running_release")),
+                   current_release=_str(res.get("current_release")), last_good=_str(res.get("last_good")),
+                   drift=_bool(res.get("drift")), gpus_mib=_gpus_mib(res.get("gpus_mib")),
+                   last_progress_line=_str(res.get("last_progress_line")), tok_s=_float(res.get("tok_s")),
+                   seconds_since_start=_float(res.get("seconds_since_start")))
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: bool = False
+    changed: bool = False
+    failed_task: Optional[str] = None
+    reason: Optional[str] = None
+    release: Optional[str] = None
+    previous_release: Optional[str] = None
+    restarted: bool = False
+    proof: Optional[Proof] = None
+    rolled_back: bool = False
+    status: Optional[TrainerStatus] = None
+    log_tail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    ok: bool
+    rc: Optional[int]
+    status: Optional[str]
+    hosts: dict[str, HostResult] = field(default_factory=dict)
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (GPU indices stay ints; json.dumps makes them strings)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return [h for h, r in self.hosts.items() if not r.ok]
+
+
+# --- building from events -----------------------------------------------------------------------
+
+def _action(event_data: Mapping) -> str:
+    return _str(event_data.get("resolved_action")) or _str(event_data.get("task_action")) or ""
+
+
+def _is(action: str, module: str) -> bool:
+    return action in ("%s.%s" % (COLLECTION, module), module)
+
+
+def _release_state(res: Mapping, event_data: Mapping) -> Optional[str]:
+    """trainer_release's state: from the module's invocation, else task_args, else the result's shape."""
+    args = _mapping(_mapping(res.get("invocation")).get("module_args"))
+    state = _str(args.get("state"))
+    if state:
+        return state
+    task_args = event_data.get("task_args")
+    if isinstance(task_args, Mapping) and task_args.get("state"):
+        return _str(task_args.get("state"))
+    if isinstance(task_args, str):
+        for part in task_args.replace(",", " ").split():
+            if part.startswith("state="):
+                return part.split("=", 1)[1]
+    # the documented RETURN keys tell the states apart
+    if "transferred" in res or "needs_archive" in res:
+        return "present"
+    if "switched" in res:
+        return "rollback"
+    if "previous" in res:
+        return "mark_good"
+    return "query" if res else None
+
+
+def _failure_msg(res: Mapping) -> Optional[str]:
+    msg = _str(res.get("msg")) or _str(res.get("reason"))
+    results = res.get("results")
+    if isinstance(results, list):  # a loop: the aggregate says "One or more items failed"
+        for item in reversed(results):
+            if isinstance(item, Mapping) and (item.get("failed") or item.get("unreachable")):
+                return _str(item.get("msg")) or msg
+    if msg:
+        return msg
+    return _str(res.get("stderr")) or _str(res.get("module_stderr")) or None
+
+
+class _HostState:
+    def __init__(self, host: str):
+        self.result = HostResult(host=host)
+        self.last_failure: Optional[tuple[Optional[str], Optional[str]]] = None
+        self.release_from_switch = False
+        self.current_fallback: Optional[str] = None
+
+    def observe(self, kind: str, is_item: bool, event_data: Mapping, res: Mapping) -> None:
+        r = self.result
+        task = _str(event_data.get("task"))
+        if _bool(res.get("changed")):
+            r.changed = True
+        if not is_item and kind in ("failed", "unreachable") and not _bool(event_data.get("ignore_errors")):
+            self.last_failure = (task, _failure_msg(res))
+        if kind not in ("ok", "failed"):
+            return
+        # a loop's aggregate result repeats its items (seen as runner_item_on_* events)
+        if not is_item and isinstance(res.get("results"), list):
+            return
+        action = _action(event_data)
+        if _is(action, "trainer_ready"):
+            if kind == "ok" and isinstance(res.get("proof"), Mapping):
+                r.proof = Proof.from_result(res.get("proof"))
+            elif kind == "failed":
+                r.log_tail = _lines(res.get("log_tail"))
+        elif _is(action, "trainer_status") and kind == "ok":
+            r.status = TrainerStatus.from_result(res)
+        elif _is(action, "trainer_start") and kind == "ok":
+            if not _bool(res.get("skipped")) and res.get("started", True) is not False:
+                r.restarted = True
+        elif _is(action, "trainer_release") and kind == "ok":
+            state = _release_state(res, event_data)
+            if state in ("present", "rollback"):
+                r.release = _str(res.get("release"))
+                r.previous_release = _str(res.get("previous"))
+                self.release_from_switch = True
+                if state == "rollback" and _bool(res.get("switched")):
+                    r.rolled_back = True
+            else:
+                self.current_fallback = _str(res.get("current")) or _str(res.get("release")) or self.current_fallback
+
+    def finish(self, stats: Optional[Mapping]) -> HostResult:
+        r = self.result
+        host = r.host
+        if not self.release_from_switch and r.release is None:
+            r.release = self.current_fallback
+        if stats is None:
+            r.ok = False
+        else:
+            failures = _int(_mapping(stats.get("failures")).get(host)) or 0
+            dark = _int(_mapping(stats.get("dark")).get(host)) or 0
+            r.ok = failures == 0 and dark == 0
+            if (_int(_mapping(stats.get("changed")).get(host)) or 0) > 0:
+                r.changed = True
+        if r.ok:
+            r.failed_task = r.reason = None
+        elif self.last_failure is not None:
+            r.failed_task, r.reason = self.last_failure
+        elif stats is None:
+            r.reason = "the run ended without a play recap"
+        return r
+
+
+_STATS_KEYS = ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored", "processed")
+
+
+def build_host_results(events: Iterable[Mapping], status: Optional[str] = None
+                       ) -> tuple[dict[str, HostResult], Optional[dict[str, dict[str, int]]]]:
+    """Per-host results and the recap counters (None when the run produced no recap)."""
+    hosts: dict[str, _HostState] = {}
+    stats: Optional[Mapping] = None
+    for event in events:
+        if not isinstance(event, Mapping):
+            continue
+        name = event.get("event")
+        data = _mapping(event.get("event_data"))
+        if name == "playbook_on_stats":
+            stats = data
+            continue
+        kind = _RESULT_EVENTS.get(name)
+        if kind is None:
+            continue
+        host = _str(data.get("host"))
+        if not host:
+            continue
+        state = hosts.setdefault(host, _HostState(host))
+        state.observe(kind, name.startswith("runner_item_"), data, _mapping(data.get("res")))
+    recap = None
+    if stats is not None:
+        recap = {k: {h: _int(n) or 0 for h, n in _mapping(stats.get(k)).items()} for k in _STATS_KEYS}
+        for k in _STATS_KEYS:
+            for h in recap[k]:
+                hosts.setdefault(h, _HostState(h))
+    results = {h: hosts[h].finish(stats) for h in sorted(hosts)}
+    if stats is None and status:
+        for r in results.values():
+            if r.reason == "the run ended without a play recap":
+                r.reason = "the run ended without a play recap (runner status: %s)" % status
+    return results, recap
+
+
+def build_run_result(events: Iterable[Mapping], rc: Optional[int] = None, status: Optional[str] = None) -> RunResult:
+    """A RunResult from runner events. ok: the run succeeded (rc 0, status successful when given),
+    at least one host was processed, and every host is ok."""
+    hosts, recap = build_host_results(events, status=status)
+    ok = bool(hosts) and all(h.ok for h in hosts.values())
+    if rc is not None and rc != 0:
+        ok = False
+    if status is not None and status != "successful":
+        ok = False
+    if recap is None:
+        ok = False
+    return RunResult(ok=ok, rc=rc, status=status, hosts=hosts, stats=recap or {})
