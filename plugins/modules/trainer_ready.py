@@ -282,6 +282,27 @@ def failure_msg(reason, tail, tail_lines):
         reason, min(len(tail), tail_lines), "\n".join("    " + line for line in tail))
 
 
+ERROR_EXIT_GRACE_S = 1.0
+
+
+def settle_error_verdict(module, show, reader, follower, judge, gpus, verdict):
+    """An error line usually comes a few milliseconds before the process exits. Give it up to
+    ERROR_EXIT_GRACE_S so that the verdict carries the exit status ("exited with status 1 after
+    3.2 s: RuntimeError: ...") rather than the line alone; a trainer that keeps running after its
+    error line (an OOM it survives, an NCCL warning) keeps the error-line verdict."""
+    deadline = time.monotonic() + ERROR_EXIT_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        rc, out, _err = module.run_command(show)
+        props = parse_show(out) if rc == 0 else {}
+        if props and not is_running(props):
+            reader.poll()
+            follower.finish()
+            return judge.observe(Snapshot(now=time.monotonic(), unit=props,
+                                          gpus_mib=memory_by_index(gpus), log=follower.analysis))
+    return verdict
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -361,6 +382,8 @@ def main():
                                          gpus_mib=memory_by_index(gpus), log=follower.analysis))
         if verdict.state == READY:
             module.exit_json(changed=False, ready=True, proof=verdict.details, msg=verdict.reason)
+        if verdict.state == FAILED and is_running(props) and follower.analysis.errors:
+            verdict = settle_error_verdict(module, show, reader, follower, judge, gpus, verdict)
         if verdict.state == FAILED:
             details = dict(verdict.details)
             tail = details.get("log_tail") or []

@@ -46,3 +46,15 @@ def lab():
                    check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(LAB_STATE, "lab.json")) as fh:
         return Lab(json.load(fh))
+
+
+SCRATCH_CT = "212"
+
+
+@pytest.fixture(scope="session")
+def scratch_ct(lab):
+    """A lab container of these tests' own (212), so they never disturb container 200."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", SCRATCH_CT],
+                   check=True, stdout=subprocess.DEVNULL)
+    return SCRATCH_CT
+
