@@ -67,7 +67,7 @@ def apt_mirror(sources_dir="/etc/apt/sources.list.d", sources_list="/etc/apt/sou
 
 def ensure_host_packages():
     missing = [p for p in HOST_PACKAGES
-               if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True)
+               if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True, check=False)
                .stdout.strip() != "install ok installed"]
     if missing:
         log("installing host packages: " + " ".join(missing))
@@ -139,7 +139,7 @@ def _mk(upper, rel):
 
 
 def lxc_running(vmid):
-    out = subprocess.run(["lxc-info", "-n", vmid, "-s", "-H"], capture_output=True, text=True).stdout
+    out = subprocess.run(["lxc-info", "-n", vmid, "-s", "-H"], capture_output=True, text=True, check=False).stdout
     return out.strip() == "RUNNING"
 
 
@@ -149,7 +149,7 @@ def wait_booted(vmid, timeout=60):
     state = ""
     while time.monotonic() < deadline:
         state = subprocess.run(["lxc-attach", "-n", vmid, "--", "systemctl", "is-system-running"],
-                               capture_output=True, text=True).stdout.strip()
+                               capture_output=True, text=True, check=False).stdout.strip()
         if state in ("running", "degraded"):
             return state
         time.sleep(0.1)
@@ -241,7 +241,7 @@ def ensure_sshd():
         run(["/usr/sbin/sshd", "-f", cfg])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        probe = subprocess.run(ssh_argv() + ["true"], capture_output=True)
+        probe = subprocess.run(ssh_argv() + ["true"], capture_output=True, check=False)
         if probe.returncode == 0:
             log("sshd on 127.0.0.1:%d" % SSH_PORT)
             return
@@ -303,7 +303,7 @@ def status():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="lab", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="lab", description=__doc__.split("\n", maxsplit=1)[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("up", "down"):
         s = sub.add_parser(name)

@@ -12,7 +12,7 @@ from labkit import wait_for
 
 def ssh(lab, remote, tty=False, timeout=60):
     argv = lab.ssh_argv(*(["-tt"] if tty else [])) + [remote]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
 
 
 def alive(lab, ct, pid):
