@@ -23,7 +23,7 @@ description:
     unknown VMID, host unreachable, authentication failure, sudo or pct missing on the host.
     Any other exit status, 255 included, is the command's own and is returned to the task.
   - With O(pct_local=true), Ansible runs on the Proxmox host itself and C(pct) is run directly.
-author: dflash.trainer contributors
+author: dflash.trainer maintainers (@dflash)
 version_added: 0.1.0
 notes:
   - Authentication is by key or agent only (C(BatchMode=yes)); there is no password prompt.
@@ -576,7 +576,7 @@ class Connection(ConnectionBase):
             for op in ('check', 'stop'):
                 argv = self._build_ssh_argv([], control=['-O', op])
                 display.vvv("PCT CONTROL %s" % shlex.join(argv), host=self._host)
-                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
                 if proc.returncode != 0:
                     display.vvv("PCT no master to %s: %s" % (op, to_text(proc.stderr).strip()), host=self._host)
                     break

@@ -32,6 +32,7 @@ class Lab:
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
         kw.setdefault("timeout", 120)
+        kw.setdefault("check", False)
         return subprocess.run(["pct", *args], **kw)
 
     def ct(self, vmid, *cmd, **kw):
@@ -57,4 +58,3 @@ def scratch_ct(lab):
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", SCRATCH_CT],
                    check=True, stdout=subprocess.DEVNULL)
     return SCRATCH_CT
-

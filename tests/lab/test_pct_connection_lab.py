@@ -47,7 +47,7 @@ def ansible(inv, *args, timeout=180):
     else:
         argv = ["ansible", "ct", "-i", inv, *args]
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     proc.elapsed = time.monotonic() - start
     return proc
 
@@ -85,7 +85,7 @@ def test_ping_both_connections(lab, tmp_path, connection):
 def test_lab_inventory_switch(lab, connection):
     proc = subprocess.run(["ansible", "gpu-host", "-i", os.path.join(ROOT, "inventory", "lab.yml"),
                            "-m", "ansible.builtin.ping", "-e", "dflash_connection=" + connection],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0 and "pong" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -183,7 +183,7 @@ def test_exec_exact_bytes(lab):
     data = bytes(range(256)) * 1024
     rc, out, err = conn.exec_command("cat; printf 'err ☃' >&2; exit 255", in_data=data)
     assert (rc, out, err) == (255, data, "err ☃".encode())  # 255 from the command is a result
-    rc, out, _ = conn.exec_command("printf '\\000\\377\\303\\251'")
+    rc, out, _ignored = conn.exec_command("printf '\\000\\377\\303\\251'")
     assert (rc, out) == (0, b"\x00\xff\xc3\xa9")
 
 
@@ -226,7 +226,7 @@ def test_100mb_put_fetch_streams(lab, tmp_path, ct_dir):
     big = tmp_path / "big.bin"
     digest = hashlib.sha256()
     with open(big, "wb") as fh:
-        for _ in range(100):
+        for _ignored in range(100):
             chunk = os.urandom(1 << 20)
             digest.update(chunk)
             fh.write(chunk)
@@ -236,7 +236,7 @@ def test_100mb_put_fetch_streams(lab, tmp_path, ct_dir):
 
     def run(op, a, b):
         proc = subprocess.run([sys.executable, "-c", script, opts, op, a, b], capture_output=True, text=True,
-                              timeout=300, cwd=ROOT)
+                              timeout=300, cwd=ROOT, check=False)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -260,12 +260,12 @@ def test_reset_stops_the_master(lab):
     conn = conn_for(lab, control_path_dir="/tmp/dflash-cp-reset-test")
     assert conn.exec_command("true")[0] == 0
     check = conn._build_ssh_argv([], control=["-O", "check"])
-    assert subprocess.run(check, capture_output=True).returncode == 0
+    assert subprocess.run(check, capture_output=True, check=False).returncode == 0
     conn.reset()
     deadline = time.monotonic() + 5
-    while subprocess.run(check, capture_output=True).returncode == 0 and time.monotonic() < deadline:
+    while subprocess.run(check, capture_output=True, check=False).returncode == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert subprocess.run(check, capture_output=True).returncode != 0
+    assert subprocess.run(check, capture_output=True, check=False).returncode != 0
     assert conn.exec_command("echo again")[1] == b"again\n"  # a new master comes up
     conn.reset()
 

@@ -77,7 +77,7 @@ def lab(tmp_path):
 
 
 def test_present_without_archive_asks_for_it_and_touches_nothing(lab):
-    rid, _ = lab.build("v1")
+    rid, _ignored = lab.build("v1")
     result = lab.run(release=rid)
     assert result["needs_archive"] is True and result["changed"] is False
     assert result["previous"] is None and result["releases"] == []
@@ -98,21 +98,21 @@ def test_present_with_archive_creates_release_and_current(lab):
 
 
 def test_same_release_again_is_a_no_op(lab):
-    rid, _ = lab.deploy("v1")
+    rid, _ignored = lab.deploy("v1")
     before = lab.snapshot()
     result = lab.run(release=rid)  # no archive needed
     assert result["changed"] is False and result["needs_archive"] is False
     assert result["transferred"] is False and result["switched"] is False
     assert result["previous"] == rid
     # an archive given anyway is not extracted
-    _, archive = lab.build("v1")
+    _ignored, archive = lab.build("v1")
     assert lab.run(release=rid, archive=archive)["transferred"] is False
     assert {k: v for k, v in lab.snapshot().items() if k != ".lock"} == \
         {k: v for k, v in before.items() if k != ".lock"}
 
 
 def test_second_release_switches_and_keeps_previous(lab):
-    r1, _ = lab.deploy("v1")
+    r1, _ignored = lab.deploy("v1")
     r2, result = lab.deploy("v2")
     assert r1 != r2
     assert result["previous"] == r1 and result["switched"] and result["release"] == r2
@@ -121,7 +121,7 @@ def test_second_release_switches_and_keeps_previous(lab):
 
 
 def test_interrupted_extraction_never_becomes_current_and_is_cleaned(lab):
-    r1, _ = lab.deploy("v1")
+    r1, _ignored = lab.deploy("v1")
     r2, archive2 = lab.build("v2")
     # an interrupted run: a half-extracted tmp dir and a temporary link never renamed
     stale = os.path.join(lab.root, "releases", ".tmp-%s-dead" % r2)
@@ -152,8 +152,8 @@ def test_incomplete_dir_with_the_release_name_is_replaced(lab):
 
 
 def test_archive_of_other_content_is_refused(lab):
-    r1, _ = lab.build("v1")
-    _, archive2 = lab.build("v2")
+    r1, _ignored = lab.build("v1")
+    _ignored, archive2 = lab.build("v2")
     with pytest.raises(mod.ReleaseModuleError, match="holds release"):
         lab.run(release=r1, archive=archive2)
     assert lab.run(state="query")["releases"] == []
@@ -161,16 +161,16 @@ def test_archive_of_other_content_is_refused(lab):
 
 
 def test_missing_archive_file(lab):
-    rid, _ = lab.build("v1")
+    rid, _ignored = lab.build("v1")
     with pytest.raises(mod.ReleaseModuleError, match="does not exist on the target"):
         lab.run(release=rid, archive=str(lab.tmp / "nope.tar.gz"))
 
 
 def test_keep_prunes_oldest_but_not_last_good(lab):
-    r1, _ = lab.deploy("v1", mtime=1000)
+    r1, _ignored = lab.deploy("v1", mtime=1000)
     lab.run(state="mark_good")
-    r2, _ = lab.deploy("v2", mtime=2000)
-    r3, _ = lab.deploy("v3", mtime=3000)
+    r2, _ignored = lab.deploy("v2", mtime=2000)
+    r3, _ignored = lab.deploy("v3", mtime=3000)
     r4, result = lab.deploy("v4", keep=2)
     assert result["pruned"] == [r2]
     assert result["releases"] == [r4, r3, r1]
@@ -180,7 +180,7 @@ def test_keep_prunes_oldest_but_not_last_good(lab):
 
 
 def test_mark_good_and_rollback(lab):
-    r1, _ = lab.deploy("v1")
+    r1, _ignored = lab.deploy("v1")
     with pytest.raises(mod.ReleaseModuleError,
                        match="no last good release recorded under %s; nothing to roll back to" % lab.root):
         lab.run(state="rollback")
@@ -188,7 +188,7 @@ def test_mark_good_and_rollback(lab):
     assert result == dict(result, changed=True, release=r1, previous=None, last_good=r1)
     assert open(os.path.join(lab.root, "last_good")).read() == r1 + "\n"
     assert lab.run(state="mark_good")["changed"] is False
-    r2, _ = lab.deploy("v2")
+    r2, _ignored = lab.deploy("v2")
     result = lab.run(state="rollback")
     assert result["switched"] and result["changed"]
     assert result["release"] == r1 and result["previous"] == r2
@@ -200,7 +200,7 @@ def test_mark_good_and_rollback(lab):
 
 
 def test_rollback_to_a_pruned_last_good_fails_clearly(lab):
-    r1, _ = lab.deploy("v1")
+    r1, _ignored = lab.deploy("v1")
     lab.run(state="mark_good")
     lab.deploy("v2")
     os.rename(os.path.join(lab.root, "releases", r1), os.path.join(lab.root, "gone"))
@@ -216,7 +216,7 @@ def test_mark_good_without_current(lab):
 def test_query(lab):
     assert lab.run(state="query") == dict(changed=False, release=None, current=None, last_good=None,
                                           releases=[])
-    r1, _ = lab.deploy("v1")
+    r1, _ignored = lab.deploy("v1")
     lab.run(state="mark_good")
     assert lab.run(state="query") == dict(changed=False, release=r1, current=r1, last_good=r1,
                                           releases=[r1])
@@ -230,7 +230,7 @@ def test_current_that_is_not_a_symlink_is_refused(lab):
 
 
 def test_check_mode_changes_nothing(lab):
-    r1, _ = lab.deploy("v1", mtime=1000)
+    r1, _ignored = lab.deploy("v1", mtime=1000)
     r2, archive2 = lab.build("v2")
     stale = os.path.join(lab.root, "releases", ".tmp-x-dead")
     os.makedirs(stale)
@@ -269,7 +269,7 @@ def test_module_runs_as_a_program(lab, tmp_path):
         path = tmp_path / "args.json"
         path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
         proc = subprocess.run([sys.executable, MODULE_FILE, str(path)], env=env,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, check=False)
         return json.loads(proc.stdout)
 
     out = call({"root": lab.root, "release": rid, "archive": archive})
