@@ -37,8 +37,8 @@ def parse_extravar(text: str) -> dict:
 def describe_host(h: HostResult) -> list[str]:
     lines = ["%s: %s%s" % (h.host, "ok" if h.ok else "FAILED", " (changed)" if h.changed else "")]
     if h.release:
-        lines.append("  release %s%s" % (h.release, " (was %s)" % h.previous_release
-                                          if h.previous_release and h.previous_release != h.release else ""))
+        was = " (was %s)" % h.previous_release if h.previous_release and h.previous_release != h.release else ""
+        lines.append("  release %s%s" % (h.release, was))
     if h.rolled_back:
         lines.append("  rolled back")
     if h.proof:
