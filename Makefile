@@ -37,8 +37,11 @@ lint: setup
 sanity: setup
 	bash .ci/sanity
 
+# default + faults over dflash.trainer.pct, then default again over community.proxmox's
+# proxmox_pct_remote: both connections are proved usable.
 molecule: lab
 	molecule test --all
+	DFLASH_CONNECTION=community.proxmox.proxmox_pct_remote molecule test -s default
 
 bench: lab
 	python bench/run.py
