@@ -64,3 +64,9 @@ def test_environment_file_is_private(host):
     env = host.file("/etc/dflash-trainer/trainer.env")
     assert env.mode == 0o600
     assert env.user == "root"
+
+
+def test_connection_is_the_one_requested(host):
+    """The scenario runs over dflash.trainer.pct, or over proxmox_pct_remote when asked."""
+    wanted = os.environ.get("DFLASH_CONNECTION") or "dflash.trainer.pct"
+    assert host.ansible.get_variables()["ansible_connection"] == wanted
