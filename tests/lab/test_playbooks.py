@@ -1,0 +1,101 @@
+"""The playbooks from the repository root, end to end on lab containers 213 and 214:
+restart, status, on-demand rollback, and a two-host deploy that stops at the first failure."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CTS = ("213", "214")
+FAST = {"trainer_ready_hold_s": 2, "trainer_ready_timeout_s": 30, "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}}
+
+
+@pytest.fixture(scope="module")
+def hosts(lab, tmp_path_factory):
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", *CTS],
+                   check=True, stdout=subprocess.DEVNULL)
+    inv = tmp_path_factory.mktemp("inv") / "hosts.json"
+    inv.write_text(json.dumps({"all": {"hosts": {"pb-%s" % ct: {"proxmox_vmid": int(ct)} for ct in CTS}, "vars": {
+        "ansible_connection": "dflash.trainer.pct", "ansible_host": lab.host, "ansible_port": lab.port,
+        "ansible_user": lab.user, "ansible_ssh_private_key_file": lab.key,
+        "ansible_python_interpreter": "/usr/bin/python3", "ansible_host_key_checking": False}}}))
+    return str(inv)
+
+
+def playbook(inv, path, limit, **extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    extra = dict(FAST, trainer_target_hosts="all", **extra)
+    return subprocess.run(["ansible-playbook", "-i", inv, path, "-l", limit, "-e", json.dumps(extra)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def tree(tmp_path, name, fault=None):
+    dst = tmp_path / name
+    shutil.copytree(os.path.join(ROOT, "examples", "trainer"), dst)
+    (dst / "VERSION").write_text(name + "\n")
+    if fault:
+        (dst / "fault.env").write_text("FAULT=%s\n" % fault)
+    return str(dst)
+
+
+def show(lab, ct, prop):
+    return lab.ct(ct, "systemctl", "show", "dflash-trainer", "-p", prop, "--value").stdout.strip()
+
+
+def current(lab, ct):
+    return os.path.basename(lab.ct(ct, "readlink", "/opt/dflash-trainer/current").stdout.strip())
+
+
+def test_restart_status_and_rollback(lab, hosts, tmp_path):
+    ct = CTS[0]
+    res = playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=tree(tmp_path, "v1"))
+    assert res.returncode == 0, res.stdout[-3000:]
+    v1 = current(lab, ct)
+    res = playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=tree(tmp_path, "v2"))
+    assert res.returncode == 0, res.stdout[-3000:]
+    v2 = current(lab, ct)
+    assert v2 != v1
+
+    # restart: a new activation on the same release, proved
+    before = show(lab, ct, "InvocationID")
+    res = playbook(hosts, "playbooks/restart.yml", "pb-" + ct)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert show(lab, ct, "InvocationID") != before and current(lab, ct) == v2
+    assert "ready: release %s" % v2 in res.stdout.replace("\n", " ").replace("  ", " ")
+
+    # status: read-only, names running/current/last good and progress
+    res = playbook(hosts, "playbooks/status.yml", "pb-" + ct)
+    assert res.returncode == 0 and "changed=0" in res.stdout
+    assert "release running %s, current %s, last good %s" % (v2, v2, v2) in res.stdout
+    assert "tok/s" in res.stdout
+
+    # on-demand rollback: current is the last good one, so a release must be named
+    res = playbook(hosts, "playbooks/rollback.yml", "pb-" + ct)
+    assert res.returncode != 0 and "nothing to roll back to" in res.stdout
+    res = playbook(hosts, "playbooks/rollback.yml", "pb-" + ct, trainer_rollback_release=v1)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert current(lab, ct) == v1
+    assert lab.ct(ct, "cat", "/opt/dflash-trainer/last_good").stdout.strip() == v1
+    pid = show(lab, ct, "MainPID")
+    child = lab.ct(ct, "pgrep", "-P", pid).stdout.split()[0]
+    assert ("DFLASH_RELEASE=" + v1) in lab.ct(ct, "cat", "/proc/%s/environ" % child).stdout.split("\0")
+
+
+def test_fleet_deploy_is_serial_and_stops_at_the_first_failure(lab, hosts, tmp_path):
+    good_src = tree(tmp_path, "good")
+    for ct in CTS:  # both start from a known good release
+        res = playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=good_src)
+        assert res.returncode == 0, res.stdout[-3000:]
+    good = {ct: current(lab, ct) for ct in CTS}
+    res = playbook(hosts, "deploy.yml", "all", trainer_src=tree(tmp_path, "broken", fault="import_error"))
+    assert res.returncode != 0
+    assert "ModuleNotFoundError: No module named 'flash_attn'" in res.stdout
+    # serial: 1 — the first host failed (and rolled back); the second was never touched
+    assert current(lab, CTS[0]) == good[CTS[0]]
+    assert current(lab, CTS[1]) == good[CTS[1]]
+    assert "pb-%s" % CTS[1] not in res.stdout.split("PLAY RECAP")[0]
+    releases = lab.ct(CTS[1], "ls", "/opt/dflash-trainer/releases").stdout.split()
+    assert releases == [good[CTS[1]]]
