@@ -170,9 +170,12 @@ def ensure_container(vmid):
         # refresh the simulated GPU code in a running container through the container itself
         for rel, src, mode in (("/usr/lib/python3/dist-packages/fakegpu.py", "fakegpu/fakegpu.py", "0644"),
                                ("/usr/bin/nvidia-smi", "fakegpu/nvidia-smi", "0755")):
+            # input= (a pipe), never the file itself as stdin: lxc-attach fchmods a regular file
+            # given as stdio to 0700 — it would change the checkout's own files.
             with open(os.path.join(HERE, src), "rb") as fh:
-                run(["lxc-attach", "-n", vmid, "--", "sh", "-c", 'cat > "$1.new" && chmod "$2" "$1.new" && mv "$1.new" "$1"',
-                     "sh", rel, mode], stdin=fh)
+                data = fh.read()
+            run(["lxc-attach", "-n", vmid, "--", "sh", "-c", 'cat > "$1.new" && chmod "$2" "$1.new" && mv "$1.new" "$1"',
+                 "sh", rel, mode], input=data)
     state = wait_booted(vmid)
     log("container %s: systemd %s" % (vmid, state))
 

@@ -289,6 +289,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import threading
 import typing as t
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
@@ -305,6 +306,7 @@ FETCH_SCRIPT = 'n=$(wc -c < "$1") || exit 1; printf "dflash-pct-size %s\\n" "$n"
 # timed out on the controller does not live on there; timeout(1) signals the whole group.
 GUARD_SCRIPT = 'command -v timeout >/dev/null 2>&1 && exec timeout -k 5 "$1" /bin/sh -c "$2"; exec /bin/sh -c "$2"'
 GUARD_GRACE_S = 2
+COPY_CHUNK = 1024 * 1024
 SIZE_MARK = re.compile(r"^dflash-pct-size\s+(\d+)\s*$", re.M)
 
 # stderr of `ssh` itself when it cannot reach or log into the host (exit 255).
@@ -472,13 +474,27 @@ class Connection(ConnectionBase):
             stdin = subprocess.PIPE
         elif stdin is None:
             stdin = subprocess.DEVNULL
+        # pct exec runs lxc-attach, which fchmods regular files given to it as stdio to 0700. In
+        # local mode those would be the controller's own files (the source of a put, the target
+        # of a fetch): hand pct pipes instead and copy through them in threads (constant memory).
+        pumps = []
+        if self.get_option('pct_local'):
+            if hasattr(stdin, 'fileno'):
+                pumps.append(('in', stdin))
+                stdin = subprocess.PIPE
+            if hasattr(stdout, 'fileno'):
+                pumps.append(('out', stdout))
+                stdout = subprocess.PIPE
         try:
             proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except OSError as exc:
             raise AnsibleConnectionFailure("cannot run %s for %s: %s" % (argv[0], what, exc)) from exc
         try:
-            out, err = proc.communicate(input=in_data, timeout=timeout)
+            if pumps:
+                out, err = self._pump(proc, pumps, timeout)
+            else:
+                out, err = proc.communicate(input=in_data, timeout=timeout)
         except subprocess.TimeoutExpired:
             self._kill(proc)
             raise AnsibleConnectionFailure(
@@ -492,6 +508,37 @@ class Connection(ConnectionBase):
         rc = proc.returncode
         self._raise_for_transport(rc, err)
         return rc, out, err
+
+    @staticmethod
+    def _pump(proc: subprocess.Popen, pumps, timeout):
+        """Copy files to/from the process's pipes in threads; -> (out, err) like communicate()."""
+        def copy(src, dst, close):
+            try:
+                for chunk in iter(lambda: src.read(COPY_CHUNK), b''):
+                    dst.write(chunk)
+            except (OSError, ValueError):
+                pass  # the process went away; its exit status tells
+            finally:
+                if close:
+                    try:
+                        dst.close()
+                    except OSError:
+                        pass
+        err_chunks, out_chunks = [], []
+        threads = [threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)]
+        if 'out' not in [direction for direction, _fobj in pumps]:
+            threads.append(threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True))
+        for direction, fobj in pumps:
+            if direction == 'in':
+                threads.append(threading.Thread(target=copy, args=(fobj, proc.stdin, True), daemon=True))
+            else:
+                threads.append(threading.Thread(target=copy, args=(proc.stdout, fobj, False), daemon=True))
+        for thread in threads:
+            thread.start()
+        proc.wait(timeout=timeout)
+        for thread in threads:
+            thread.join(timeout)
+        return (b''.join(out_chunks) if out_chunks else None), b''.join(err_chunks)
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:

@@ -41,11 +41,14 @@ def test_systemd_is_pid1(lab, scratch_ct):
 def test_push_pull_round_trip(lab, scratch_ct, tmp_path):
     src = tmp_path / "in.bin"
     src.write_bytes(bytes(range(256)) * 1000)
+    src.chmod(0o644)
     assert lab.pct("push", scratch_ct, str(src), "/tmp/pushed.bin", "--perms", "0640").returncode == 0
+    assert oct(src.stat().st_mode & 0o777) == oct(0o644)  # lxc-attach never saw the file itself
     assert lab.ct(scratch_ct, "stat", "-c", "%a %s", "/tmp/pushed.bin").stdout.split() == ["640", "256000"]
     out = tmp_path / "out.bin"
     assert lab.pct("pull", scratch_ct, "/tmp/pushed.bin", str(out)).returncode == 0
     assert out.read_bytes() == src.read_bytes()
+    assert not out.stat().st_mode & 0o111
     res = lab.pct("push", scratch_ct, str(src), "/no/such/dir/x")
     assert res.returncode == 255 and "failed to create file: /no/such/dir/x" in res.stderr
 
@@ -69,10 +72,13 @@ def test_start_stop_shapes(lab, scratch_ct):
 
 
 def test_lab_up_is_idempotent(lab, scratch_ct):
+    lib = os.path.join(ROOT, "lab", "fakegpu", "fakegpu.py")
+    mode = os.stat(lib).st_mode
     res = subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", scratch_ct],
                          capture_output=True, text=True, check=True)
     assert "started" not in res.stdout  # already running: nothing recreated
     assert "container %s: systemd" % scratch_ct in res.stdout
+    assert os.stat(lib).st_mode == mode  # refreshing the container's copy leaves the checkout alone
 
 
 def test_lab_has_no_network_and_sshd_only_on_loopback(lab, scratch_ct):

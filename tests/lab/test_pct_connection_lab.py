@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -277,3 +278,19 @@ def test_direct_errors(lab):
     with pytest.raises(AnsibleConnectionFailure, match="command timed out after 1 s"):
         conn_for(lab, pct_command_timeout=1).exec_command("sleep 20")
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["ssh", "pct_local"])
+def test_transfers_leave_controller_file_modes_alone(lab, tmp_path, ct_dir, local):
+    """pct exec runs lxc-attach, which fchmods regular files given to it as stdio to 0700; the
+    plugin must never hand it the controller's own files (local mode runs pct right here)."""
+    conn = conn_for(lab, pct_local=local)
+    src = tmp_path / "src"
+    src.write_bytes(b"payload\n" * 1000)
+    src.chmod(0o644)
+    conn.put_file(str(src), ct_dir + "/moded")
+    assert stat.S_IMODE(src.stat().st_mode) == 0o644
+    back = tmp_path / "back"
+    conn.fetch_file(ct_dir + "/moded", str(back))
+    assert back.read_bytes() == src.read_bytes()
+    assert not back.stat().st_mode & 0o111  # not turned into 0700 on the way
