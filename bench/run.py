@@ -1,0 +1,593 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""dflash.trainer benchmark: python3 bench/run.py [--reps N] [--quick]
+
+Runs every figure side by side in one run against lab containers 220-227 (created with
+lab/lab.py at the start, removed at the end unless --keep-lab), prints a table and writes
+bench/results/latest.json. See bench/README.md for what each figure means.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import benchlib as bl  # noqa: E402  pylint: disable=wrong-import-position
+
+PCT = "/usr/sbin/pct"
+SSH_KEY = "/var/lib/dflash-lab/ssh/id_ed25519"
+IDS = list(range(220, 228))
+CONNECTIONS = {
+    "local": "local",
+    "proxmox_pct_remote": "community.proxmox.proxmox_pct_remote",
+    "dflash.trainer.pct": "dflash.trainer.pct",
+}
+SECTIONS = ("per_task", "noop_deploy", "release", "crash", "ready", "fleet")
+UNIT = "dflash-trainer.service"
+README_START = "<!-- bench:table:start -->"
+README_END = "<!-- bench:table:end -->"
+
+
+def log(msg):
+    print("bench: " + msg, flush=True)
+
+
+class StepError(Exception):
+    pass
+
+
+class Bench(object):
+
+    def __init__(self, args):
+        self.args = args
+        self.work = tempfile.mkdtemp(prefix="dflash-bench-")
+        self.cp_dir = os.path.join(self.work, "cp")
+        os.makedirs(self.cp_dir)
+        self.settings = {
+            "reps": args.reps,
+            "quick": args.quick,
+            "tree_files": args.tree_files,
+            "copy_files": args.copy_files,
+            "noop_tasks": 20,
+            "trainer_ready_hold_s": args.hold_s,
+            "trainer_ready_interval_s": 1.0,
+            "trainer_ready_min_steps": 2,
+            "trainer_startup_s": "2.0 (stand-in default, DFLASH_FAKE_STARTUP_S)",
+            "fleet": {"hosts": len(IDS), "forks": 8, "trainer_serial": 8},
+            "containers": IDS,
+            "ansible_config": os.path.join(ROOT, "ansible.cfg"),
+            "control_path_dir": self.cp_dir,
+            "work_dir": self.work,
+        }
+        self.results = {}
+        self.rows = []
+        self.errors = {}
+        self._write_files()
+
+    # -- files ---------------------------------------------------------------------------------
+    def _write_files(self):
+        w = self.work
+        for name, conn in CONNECTIONS.items():
+            self._inventory(os.path.join(w, "inv-%s.yml" % name.replace(".", "_")), conn)
+        p0 = [{"name": "Zero tasks", "hosts": "{{ bench_hosts }}", "gather_facts": False, "tasks": []}]
+        p20 = [{"name": "Twenty no-op tasks", "hosts": "{{ bench_hosts }}", "gather_facts": False,
+                "tasks": [{"name": "No-op %d" % (i + 1), "ansible.builtin.command": "true",
+                           "changed_when": False} for i in range(20)]}]
+        release = [{"name": "Release step only", "hosts": "{{ bench_hosts }}", "gather_facts": False,
+                    "tasks": [{"name": "Release", "dflash.trainer.trainer_release": {
+                        "state": "present", "src": "{{ bench_src }}", "root": "{{ bench_root }}"}}]}]
+        copy = [{"name": "Copy a tree with ansible.builtin.copy", "hosts": "{{ bench_hosts }}",
+                 "gather_facts": False,
+                 "tasks": [{"name": "Copy", "ansible.builtin.copy": {
+                     "src": "{{ bench_src }}/", "dest": "{{ bench_dest }}/", "mode": "preserve"}}]}]
+        for name, doc in (("noop0", p0), ("noop20", p20), ("release", release), ("copy", copy)):
+            with open(os.path.join(w, name + ".yml"), "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, indent=1)  # JSON is YAML
+        # trainer sources: good, import error, fleet (a revision file changed per deploy)
+        for name in ("src-good", "src-crash", "src-fleet"):
+            shutil.copytree(os.path.join(ROOT, "examples", "trainer"), os.path.join(w, name),
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "fault.env"))
+        with open(os.path.join(w, "src-crash", "fault.env"), "w", encoding="utf-8") as fh:
+            fh.write("FAULT=import_error\n")
+
+    def _inventory(self, path, connection):
+        hosts = {"bench-%d" % i: {"proxmox_vmid": i} for i in IDS}
+        vars_ = {
+            "ansible_connection": connection,
+            "ansible_host": "127.0.0.1",
+            "ansible_port": 2222,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": SSH_KEY,
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_host_key_checking": False,
+            # our own ControlMaster: other engineers' lab runs share 127.0.0.1:2222
+            "ansible_control_path_dir": self.cp_dir,
+        }
+        if connection == "local":
+            vars_["ansible_python_interpreter"] = sys.executable
+        doc = {"all": {"hosts": hosts, "vars": vars_,
+                       "children": {"bench_fleet": {"hosts": {h: {} for h in hosts}}}}}
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
+
+    def inv(self, name):
+        return os.path.join(self.work, "inv-%s.yml" % name.replace(".", "_"))
+
+    # -- running things ------------------------------------------------------------------------
+    def ansible(self, playbook, inventory="dflash.trainer.pct", extra=None, as_json=False, vvv=False,
+                forks=None, timeout=900, expect_rc=0):
+        """Run ansible-playbook from the checkout; returns a dict with wall, rc, out, err, doc,
+        t_start/t_end (epoch)."""
+        argv = ["ansible-playbook", "-i", self.inv(inventory), playbook]
+        for key, value in (extra or {}).items():
+            argv += ["-e", "%s=%s" % (key, value)]
+        if forks:
+            argv += ["-f", str(forks)]
+        if vvv:
+            argv.append("-vvv")
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_RETRY_FILES_ENABLED="0")
+        env.pop("ANSIBLE_STDOUT_CALLBACK", None)
+        if as_json:
+            env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
+            env["ANSIBLE_VERBOSE_TO_STDERR"] = "1"
+        t_start = time.time()
+        m0 = time.monotonic()
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        wall = time.monotonic() - m0
+        t_end = time.time()
+        res = {"argv": argv, "wall": wall, "rc": proc.returncode, "out": proc.stdout, "err": proc.stderr,
+               "t_start": t_start, "t_end": t_end, "doc": None}
+        if as_json:
+            try:
+                res["doc"] = bl.json_document(proc.stdout)
+            except ValueError as e:
+                raise StepError("no JSON from %s (rc %d): %s\n%s\n%s" % (
+                    shlex.join(argv), proc.returncode, e, proc.stdout[-2000:], proc.stderr[-2000:])) from None
+        if expect_rc is not None and (proc.returncode == 0) != (expect_rc == 0):
+            raise StepError("%s exited %d (expected %s)\nstdout: %s\nstderr: %s" % (
+                shlex.join(argv), proc.returncode, "0" if expect_rc == 0 else "failure",
+                proc.stdout[-3000:], proc.stderr[-3000:]))
+        return res
+
+    @staticmethod
+    def pct(vmid, *argv, check=True):
+        proc = subprocess.run([PCT, "exec", str(vmid), "--"] + list(argv), capture_output=True, text=True,
+                              timeout=120, check=False)
+        if check and proc.returncode != 0:
+            raise StepError("pct exec %s -- %s: exit %d: %s" % (vmid, shlex.join(argv), proc.returncode,
+                                                               proc.stderr.strip()))
+        return proc.stdout
+
+    def unit_state(self, vmid):
+        out = self.pct(vmid, "systemctl", "show", UNIT, "-p", "MainPID", "-p", "InvocationID",
+                       "-p", "ActiveState", "-p", "NRestarts")
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def journal(self, vmid, *match, since=None):
+        argv = ["journalctl", "-o", "json", "--no-pager"] + list(match)
+        if since is not None:
+            argv += ["--since", "@%d" % int(since)]
+        return bl.parse_journal(self.pct(vmid, *argv))
+
+    def deploy(self, src, target="bench-220", extra=None, **kw):
+        e = {"trainer_target_hosts": target, "trainer_src": src, "trainer_ready_hold_s": self.args.hold_s}
+        e.update(extra or {})
+        return self.ansible(os.path.join(ROOT, "deploy.yml"), extra=e, **kw)
+
+    def row(self, **kw):
+        self.rows.append(kw)
+
+    # -- 1. per-task overhead ------------------------------------------------------------------
+    def per_task(self):
+        reps = self.args.reps
+        raw = {name: {"t0": [], "t20": []} for name in CONNECTIONS}
+        p0, p20 = os.path.join(self.work, "noop0.yml"), os.path.join(self.work, "noop20.yml")
+        for rep in range(reps):
+            for name in CONNECTIONS:
+                for key, pb in (("t0", p0), ("t20", p20)):
+                    r = self.ansible(pb, inventory=name, extra={"bench_hosts": "bench-220"})
+                    raw[name][key].append(r["wall"])
+                log("per-task rep %d/%d %-20s 0 tasks %.2f s, 20 tasks %.2f s" % (
+                    rep + 1, reps, name, raw[name]["t0"][-1], raw[name]["t20"][-1]))
+        out = {}
+        for name in CONNECTIONS:
+            pts = bl.paired_per_task(raw[name]["t20"], raw[name]["t0"])
+            out[name] = {"t0": bl.summary(raw[name]["t0"]), "t20": bl.summary(raw[name]["t20"]),
+                         "per_task": bl.summary(pts)}
+            self.row(figure="1 per task", what="%s: (t20 - t0) / 20" % name, min=out[name]["per_task"]["min"],
+                     median=out[name]["per_task"]["median"], target="", verdict="")
+        ours = out["dflash.trainer.pct"]["per_task"]["median"]
+        local = out["local"]["per_task"]["median"]
+        remote = out["proxmox_pct_remote"]["per_task"]["median"]
+        c1 = bl.check_max(bl.ratio(ours, local), 1.5)
+        c2 = bl.check_min(bl.ratio(remote, ours), 4.0)
+        out["ours_vs_local"] = c1
+        out["remote_vs_ours"] = c2
+        # no connection plugin can beat local: remote / local is the best speed-up any could reach
+        out["remote_vs_local_ceiling"] = bl.ratio(remote, local)
+        self.row(figure="1 per task", what="ours / local (medians)", min=None, median=c1["value"], unit="x",
+                 target="≤ 1.5×", verdict=bl.verdict_words(c1, "x"))
+        self.row(figure="1 per task", what="proxmox_pct_remote / ours (speed-up, medians)", min=None,
+                 median=c2["value"], unit="x", target="≥ 4×", verdict=bl.verdict_words(c2, "x"))
+        self.row(figure="1 per task", what="proxmox_pct_remote / local (ceiling for any plugin)", min=None,
+                 median=out["remote_vs_local_ceiling"], unit="x", target="(report)", verdict="")
+        return out
+
+    # -- 2. no-op deploy -----------------------------------------------------------------------
+    def noop_deploy(self):
+        src = os.path.join(self.work, "src-good")
+        first = self.deploy(src, as_json=True)
+        log("first deploy (not counted): %.2f s" % first["wall"])
+        walls, checks = [], []
+        for rep in range(self.args.reps):
+            before = self.unit_state(220)
+            r = self.deploy(src, as_json=True)
+            after = self.unit_state(220)
+            rows = bl.task_results(r["doc"])
+            totals = bl.recap_totals(r["doc"])
+            restart = [x for x in rows if x["name"].endswith("Restart and prove, rolling back on failure")]
+            untouched = [x for x in rows if x["name"].endswith("Report the trainer untouched")]
+            check = {
+                "changed": totals.get("changed"),
+                "restart_skipped": bool(restart) and all(x["result"].get("skipped") for x in restart),
+                "reported_untouched": bool(untouched) and not any(x["result"].get("skipped") for x in untouched),
+                "same_main_pid": before.get("MainPID") == after.get("MainPID") != "0",
+                "same_invocation": before.get("InvocationID") == after.get("InvocationID"),
+                "trainer_start_tasks": len(bl.find_tasks(rows, "dflash.trainer.trainer_start")),
+            }
+            check["noop"] = (check["changed"] == 0 and check["restart_skipped"] and check["same_main_pid"]
+                             and check["same_invocation"] and check["trainer_start_tasks"] == 0)
+            if not check["noop"]:
+                raise StepError("re-deploy was not a no-op: %s" % check)
+            walls.append(r["wall"])
+            checks.append(check)
+            log("no-op deploy rep %d: %.2f s, changed=%s, restarts=0 (MainPID %s kept)" % (
+                rep + 1, r["wall"], check["changed"], after.get("MainPID")))
+        # counting run: default callback, so that TASK headers and PCT lines come in order
+        counted = self.deploy(src, vvv=True)
+        text = counted["out"] + counted["err"]
+        calls = bl.count_pct_calls(text)
+        by_task = bl.pct_calls_by_task(text)
+        recap = bl.recap_lines(text).get("bench-220")
+        if not recap or recap["changed"] != 0:
+            raise StepError("the -vvv counting run changed something: %s" % recap)
+        n_tasks = len(bl.task_results(r["doc"]))
+        log("no-op deploy round trips (-vvv run, %.2f s): %s over %d task results" % (
+            counted["wall"], calls, n_tasks))
+        for name, n in by_task:
+            log("    %2d  %s" % (n, name))
+        out = {"wall": bl.summary(walls), "checks": checks, "first_deploy_wall": first["wall"],
+               "pct_calls": calls, "pct_calls_by_task": by_task, "task_results": n_tasks,
+               "vvv_run_wall": counted["wall"]}
+        self.row(figure="2 no-op deploy", what="deploy.yml re-run, 0 changed, 0 restarts (wall)",
+                 min=out["wall"]["min"], median=out["wall"]["median"], target="(report)", verdict="verified no-op")
+        self.row(figure="2 no-op deploy", what="remote round trips (pct EXEC+PUT+FETCH, -vvv)", min=None,
+                 median=calls["round_trips"], unit="n", target="(report)",
+                 verdict="%d EXEC, %d PUT, %d FETCH; %d task results" % (
+                     calls["EXEC"], calls["PUT"], calls["FETCH"], n_tasks))
+        return out
+
+    # -- 3. release of a generated tree --------------------------------------------------------
+    def _release_run(self, src, root):
+        r = self.ansible(os.path.join(self.work, "release.yml"), as_json=True,
+                         extra={"bench_hosts": "bench-220", "bench_src": src, "bench_root": root})
+        (task,) = bl.find_tasks(bl.task_results(r["doc"]), "dflash.trainer.trainer_release")
+        res = task["result"]
+        return {"task_s": task["end"] - task["start"], "wall": r["wall"], "changed": res.get("changed"),
+                "transferred": res.get("transferred"), "release": res.get("release"),
+                "archive_bytes": res.get("archive_bytes")}
+
+    def release(self):
+        n, ncopy = self.args.tree_files, self.args.copy_files
+        tree = os.path.join(self.work, "tree")
+        t0 = time.monotonic()
+        count, size = bl.generate_tree(tree, n)
+        digest = bl.tree_digest(tree)
+        log("generated tree: %d files, %.1f MiB in %.1f s (digest %s)" % (
+            count, size / 2**20, time.monotonic() - t0, digest[:16]))
+        root = "/opt/bench-release"
+        first, noop, change = [], [], []
+        for rep in range(self.args.reps):
+            self.pct(220, "rm", "-rf", root)
+            bl.change_one_file(tree, n, version=0)  # back to the generated content
+            a = self._release_run(tree, root)
+            b = self._release_run(tree, root)
+            changed_rel = bl.change_one_file(tree, n, version=rep + 1)
+            c = self._release_run(tree, root)
+            if not (a["transferred"] and not b["changed"] and c["transferred"]):
+                raise StepError("release runs not as expected: first %s, no-op %s, change %s" % (a, b, c))
+            first.append(a)
+            noop.append(b)
+            change.append(c)
+            log("release rep %d: first %.2f s (archive %s B), no-op %.2f s, one file (%s) changed %.2f s" % (
+                rep + 1, a["task_s"], a["archive_bytes"], b["task_s"], changed_rel, c["task_s"]))
+        self.pct(220, "rm", "-rf", root)
+        bl.change_one_file(tree, n, version=0)
+
+        # ansible.builtin.copy over proxmox_pct_remote on the first files of the same tree
+        sub = os.path.join(self.work, "tree-%d" % ncopy)
+        bl.generate_tree(sub, ncopy)
+        dest = "/opt/bench-copy"
+        self.pct(220, "rm", "-rf", dest)
+        r = self.ansible(os.path.join(self.work, "copy.yml"), inventory="proxmox_pct_remote", as_json=True,
+                         extra={"bench_hosts": "bench-220", "bench_src": sub, "bench_dest": dest}, timeout=3600)
+        (task,) = bl.find_tasks(bl.task_results(r["doc"]), "ansible.builtin.copy")
+        copy_s = task["end"] - task["start"]
+        got = int(self.pct(220, "sh", "-c", "find %s -type f | wc -l" % dest).strip())
+        self.pct(220, "rm", "-rf", dest)
+        if got != ncopy:
+            raise StepError("copy left %d files of %d" % (got, ncopy))
+        per_file = copy_s / ncopy
+        copy_extrapolated = per_file * n
+        log("copy over proxmox_pct_remote: %d files in %.1f s (%.2f s per file) -> %d files EXTRAPOLATED %.0f s" % (
+            ncopy, copy_s, per_file, n, copy_extrapolated))
+
+        s_first = bl.summary([x["task_s"] for x in first])
+        s_noop = bl.summary([x["task_s"] for x in noop])
+        s_change = bl.summary([x["task_s"] for x in change])
+        c1 = bl.check_max(bl.ratio(s_change["median"], s_noop["median"]), 2.0)
+        c2 = bl.check_min(bl.ratio(copy_extrapolated, s_first["median"]), 20.0)
+        out = {"files": count, "bytes": size, "digest": digest,
+               "first": s_first, "noop": s_noop, "one_file_change": s_change,
+               "first_wall": bl.summary([x["wall"] for x in first]),
+               "noop_wall": bl.summary([x["wall"] for x in noop]),
+               "change_wall": bl.summary([x["wall"] for x in change]),
+               "runs": {"first": first, "noop": noop, "change": change},
+               "copy": {"connection": "community.proxmox.proxmox_pct_remote", "files_measured": ncopy,
+                        "task_s": copy_s, "wall": r["wall"], "per_file_s": per_file,
+                        "extrapolated_to_files": n, "extrapolated_s": copy_extrapolated,
+                        "note": "measured once on %d files, extrapolated linearly per file to %d" % (ncopy, n)},
+               "change_vs_noop": c1, "copy_vs_first": c2}
+        what = "%d files, %.1f MiB" % (count, size / 2**20)
+        self.row(figure="3 release", what="first deploy, release task (%s)" % what,
+                 min=s_first["min"], median=s_first["median"], target="", verdict="")
+        self.row(figure="3 release", what="no-op release task (same tree)", min=s_noop["min"],
+                 median=s_noop["median"], target="", verdict="")
+        self.row(figure="3 release", what="one file changed, release task", min=s_change["min"],
+                 median=s_change["median"], target="≤ 2× no-op (%s)" % bl.fmt_s(2 * s_noop["median"]),
+                 verdict=bl.verdict_words(bl.check_max(s_change["median"], 2 * s_noop["median"])))
+        self.row(figure="3 release", what="copy over proxmox_pct_remote, EXTRAPOLATED from %d files to %d "
+                 "(%.2f s/file, measured once)" % (ncopy, n, per_file), min=None, median=copy_extrapolated,
+                 target="", verdict="")
+        self.row(figure="3 release", what="copy (extrapolated) / our first deploy", min=None, median=c2["value"],
+                 unit="x", target="≥ 20×", verdict=bl.verdict_words(c2, "x"))
+        return out
+
+    # -- 4. crash at import --------------------------------------------------------------------
+    def crash(self):
+        good = os.path.join(self.work, "src-good")
+        bad = os.path.join(self.work, "src-crash")
+        detect, rollback, walls, reasons = [], [], [], []
+        for rep in range(self.args.reps):
+            st = self.unit_state(220)
+            if st.get("ActiveState") != "active":
+                self.deploy(good)
+            r = self.deploy(bad, as_json=True, expect_rc=1)
+            rows = bl.task_results(r["doc"])
+            ready = bl.find_tasks(rows, "dflash.trainer.trainer_ready", "bench-220")
+            starts = bl.find_tasks(rows, "dflash.trainer.trainer_start", "bench-220")
+            if not ready or not ready[0]["result"].get("failed") or not starts:
+                raise StepError("the import-error deploy did not fail in trainer_ready: %s" % [
+                    (x["name"], x["result"].get("failed")) for x in rows])
+            fail = ready[0]
+            msg = fail["result"].get("msg", "")
+            inv = starts[0]["result"].get("invocation_id")
+            entries = self.journal(220, "-u", UNIT, since=r["t_start"] - 2)
+            exit_ts, exit_msg = bl.main_exit_time(entries, inv)
+            if exit_ts is None:
+                raise StepError("no 'Main process exited' journal line for invocation %s" % inv)
+            last_end = max(x["end"] for x in rows if x["end"] is not None)
+            final = [x for x in rows if x["result"].get("failed")][-1]["result"].get("msg", "")
+            d = fail["end"] - exit_ts
+            detect.append(d)
+            rollback.append(last_end - fail["end"])
+            walls.append(r["wall"])
+            reasons.append({"first_line": msg.splitlines()[0] if msg else "",
+                            "has_ModuleNotFoundError": "ModuleNotFoundError" in msg,
+                            "rolled_back": "Rolled back" in final, "exit_line": exit_msg,
+                            "playbook_exit_after_trainer_exit_s": r["t_end"] - exit_ts})
+            if "ModuleNotFoundError" not in msg:
+                raise StepError("failure message lacks ModuleNotFoundError: %s" % msg)
+            log("crash rep %d: trainer exit -> trainer_ready failed %.2f s; rollback + proof %.2f s; "
+                "playbook %.2f s; reason: %s" % (rep + 1, d, rollback[-1], r["wall"], reasons[-1]["first_line"]))
+        s = bl.summary(detect)
+        c = bl.check_max(s["median"], 3.0)
+        out = {"exit_to_failed": s, "rollback_after_failure": bl.summary(rollback), "playbook_wall": bl.summary(walls),
+               "reasons": reasons, "target": c}
+        self.row(figure="4 crash at import", what="trainer exit → trainer_ready failed with the reason",
+                 min=s["min"], median=s["median"], target="≤ 3 s", verdict=bl.verdict_words(c))
+        self.row(figure="4 crash at import", what="then rollback to last good + its proof (to play end)",
+                 min=out["rollback_after_failure"]["min"], median=out["rollback_after_failure"]["median"],
+                 target="(report)",
+                 verdict="rolled back" if all(x["rolled_back"] for x in reasons) else "NOT rolled back")
+        return out
+
+    # -- 5. ready-verdict latency --------------------------------------------------------------
+    def ready(self):
+        good = os.path.join(self.work, "src-good")
+        hold = self.args.hold_s
+        lat, details = [], []
+        for rep in range(self.args.reps):
+            r = self.deploy(good, as_json=True, extra={"trainer_force_restart": "true"})
+            rows = bl.task_results(r["doc"])
+            (task,) = bl.find_tasks(rows, "dflash.trainer.trainer_ready", "bench-220")
+            proof = task["result"]["proof"]
+            inv = proof["invocation_id"]
+            entries = self.journal(220, "_SYSTEMD_INVOCATION_ID=%s" % inv)
+            cond, parts = bl.ready_condition_time(entries, inv, min_steps=2)
+            if cond is None:
+                raise StepError("no allocation / step lines in the journal for %s: %s" % (inv, parts))
+            latency = task["end"] - (cond + hold)
+            lat.append(latency)
+            details.append({"invocation_id": inv, "condition_at": cond, "alloc_at": parts["alloc"],
+                            "step_at": parts["step"], "verdict_on_controller_at": task["end"],
+                            "trainer_ready_started_at": task["start"],
+                            "seconds_to_ready": proof.get("seconds_to_ready"), "latency_s": latency})
+            log("ready rep %d: conditions at +%.2f s after trainer_ready began, verdict +%.2f s → latency %.2f s "
+                "(hold %.1f s)" % (rep + 1, cond - task["start"], task["end"] - task["start"], latency, hold))
+        s = bl.summary(lat)
+        c = bl.check_max(s["median"], 1.0)
+        worst = bl.check_max(s["max"], 1.0)
+        out = {"latency": s, "runs": details, "target": c, "target_on_max": worst}
+        self.row(figure="5 ready verdict", what="verdict − (last condition + %.0f s hold), controller clock" % hold,
+                 min=s["min"], median=s["median"], target="≤ 1 s (one poll)",
+                 verdict=bl.verdict_words(c) + "; max %s: %s" % (bl.fmt_s(s["max"]), bl.verdict_words(worst)))
+        return out
+
+    # -- 6. fleet ------------------------------------------------------------------------------
+    def fleet(self):
+        src = os.path.join(self.work, "src-fleet")
+        extra = {"trainer_serial": 8}
+        rev = [0]
+
+        def bump():
+            rev[0] += 1
+            with open(os.path.join(src, "BENCH_REV"), "w", encoding="utf-8") as fh:
+                fh.write("%d\n" % rev[0])
+
+        bump()
+        setup = self.deploy(src, target="bench_fleet", extra=extra, forks=8, as_json=True)
+        log("fleet set-up deploy to 8 (not counted): %.2f s" % setup["wall"])
+        one, eight = [], []
+        for rep in range(self.args.reps):
+            bump()
+            a = self.deploy(src, target="bench-220", extra=extra, forks=8, as_json=True)
+            bump()
+            b = self.deploy(src, target="bench_fleet", extra=extra, forks=8, as_json=True)
+            proved = [x for x in bl.find_tasks(bl.task_results(b["doc"]), "dflash.trainer.trainer_ready")
+                      if not x["result"].get("failed")]
+            if len(proved) != len(IDS):
+                raise StepError("fleet deploy proved %d of %d trainers" % (len(proved), len(IDS)))
+            one.append(a["wall"])
+            eight.append(b["wall"])
+            log("fleet rep %d: 1 container %.2f s, 8 containers %.2f s (%.2f×)" % (
+                rep + 1, a["wall"], b["wall"], b["wall"] / a["wall"]))
+        s1, s8 = bl.summary(one), bl.summary(eight)
+        c = bl.check_max(bl.ratio(s8["median"], s1["median"]), 3.0)
+        out = {"one": s1, "eight": s8, "ratios": bl.summary(bl.ratio(b, a) for a, b in zip(one, eight)),
+               "target": c, "note": "new release + restart + proof on each host; forks 8, -e trainer_serial=8"}
+        self.row(figure="6 fleet", what="deploy new release to 1 container", min=s1["min"], median=s1["median"],
+                 target="", verdict="")
+        self.row(figure="6 fleet", what="deploy to 8 containers (forks 8, trainer_serial=8)", min=s8["min"],
+                 median=s8["median"], target="≤ 3× one (%s)" % bl.fmt_s(3 * s1["median"]),
+                 verdict=bl.verdict_words(bl.check_max(s8["median"], 3 * s1["median"])))
+        self.row(figure="6 fleet", what="8 / 1 (medians)", min=None, median=c["value"], unit="x", target="≤ 3×",
+                 verdict=bl.verdict_words(c, "x"))
+        return out
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self, sections):
+        for name in sections:
+            log("== %s ==" % name)
+            t0 = time.monotonic()
+            try:
+                self.results[name] = getattr(self, name)()
+            except Exception as e:  # pylint: disable=broad-except
+                self.errors[name] = "%s: %s" % (type(e).__name__, e)
+                log("section %s FAILED: %s" % (name, e))
+                traceback.print_exc()
+                self.row(figure=name, what="section failed", min=None, median=None, target="",
+                         verdict="ERROR: %s" % str(e).splitlines()[0][:120])
+            log("%s took %.0f s" % (name, time.monotonic() - t0))
+
+
+def lab(action, ids):
+    argv = [sys.executable, os.path.join(ROOT, "lab", "lab.py"), action, "--ids"] + [str(i) for i in ids]
+    log(shlex.join(argv))
+    subprocess.run(argv, check=True, cwd=ROOT)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=None, help="repetitions of each figure (default 3; 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, 300-file tree, 10-file copy")
+    p.add_argument("--tree-files", type=int, default=None, help="files in the generated tree (default 2000)")
+    p.add_argument("--copy-files", type=int, default=None,
+                   help="files copied over proxmox_pct_remote, extrapolated to the tree (default 50)")
+    p.add_argument("--hold-s", type=float, default=2.0, help="trainer_ready_hold_s for the bench (default 2)")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run only these sections")
+    p.add_argument("--keep-lab", action="store_true", help="leave containers 220-227 up at the end")
+    p.add_argument("--reuse-lab", action="store_true",
+                   help="do not recreate containers 220-227 at the start (default: down, then up)")
+    p.add_argument("--output", default=os.path.join(HERE, "results", "latest.json"))
+    p.add_argument("--update-readme", action="store_true",
+                   help="write the table into bench/README.md between its bench:table markers")
+    args = p.parse_args(argv)
+    args.reps = args.reps or (1 if args.quick else 3)
+    args.tree_files = args.tree_files or (300 if args.quick else 2000)
+    args.copy_files = args.copy_files or (10 if args.quick else 50)
+    sections = args.only or list(SECTIONS)
+
+    t0 = time.monotonic()
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if not args.reuse_lab:
+        lab("down", IDS)  # fresh containers: no trainer left running from an earlier run
+    lab("up", IDS)
+    bench = Bench(args)
+    log("settings: %s" % json.dumps(bench.settings, sort_keys=True))
+    load_before = os.getloadavg()
+    try:
+        bench.run(sections)
+    finally:
+        if not args.keep_lab:
+            try:
+                lab("down", IDS)
+            except subprocess.CalledProcessError as e:
+                log("lab down failed: %s" % e)
+        shutil.rmtree(bench.work, ignore_errors=True)
+    total = time.monotonic() - t0
+    table = bl.format_table(bench.rows)
+    doc = {
+        "started": started,
+        "total_s": round(total, 1),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "settings": bench.settings,
+        "sections": bench.results,
+        "errors": bench.errors,
+        "table": bench.rows,
+        "table_markdown": table,
+    }
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True, default=str)
+    settings_line = ("Settings: reps=%d (min and median shown), trainer_ready_hold_s=%g, poll interval 1 s, "
+                     "stand-in start-up 2 s, tree %d files, copy over proxmox_pct_remote measured on %d files and "
+                     "extrapolated, fleet -f 8 -e trainer_serial=8, containers %d-%d." % (
+                         args.reps, args.hold_s, args.tree_files, args.copy_files, IDS[0], IDS[-1]))
+    print()
+    print(settings_line + " Total %.0f s." % total)
+    print(table)
+    if bench.errors:
+        print("\nsections with errors: %s" % ", ".join(sorted(bench.errors)))
+    if args.update_readme:
+        readme = os.path.join(HERE, "README.md")
+        with open(readme, encoding="utf-8") as fh:
+            text = fh.read()
+        body = "Last full run: %s, %d CPUs, load average %.1f before / %.1f after, %.0f s in all.\n%s\n\n%s\n" % (
+            started, os.cpu_count(), load_before[0], doc["machine"]["loadavg_after"][0], total, settings_line, table)
+        with open(readme, "w", encoding="utf-8") as fh:
+            fh.write(bl.replace_between(text, README_START, README_END, body))
+        log("table written into %s" % readme)
+    print("\nwritten: %s" % args.output)
+    return 1 if bench.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
