@@ -170,8 +170,8 @@ class Bench(object):
         proc = subprocess.run([PCT, "exec", str(vmid), "--"] + list(argv), capture_output=True, text=True,
                               timeout=120, check=False)
         if check and proc.returncode != 0:
-            raise StepError("pct exec %s -- %s: exit %d: %s" % (vmid, shlex.join(argv), proc.returncode,
-                                                               proc.stderr.strip()))
+            raise StepError("pct exec %s -- %s: exit %d: %s"
+                            % (vmid, shlex.join(argv), proc.returncode, proc.stderr.strip()))
         return proc.stdout
 
     def unit_state(self, vmid):
@@ -480,7 +480,7 @@ class Bench(object):
                 rep + 1, a["wall"], b["wall"], b["wall"] / a["wall"]))
         s1, s8 = bl.summary(one), bl.summary(eight)
         c = bl.check_max(bl.ratio(s8["median"], s1["median"]), 3.0)
-        out = {"one": s1, "eight": s8, "ratios": bl.summary(bl.ratio(b, a) for a, b in zip(one, eight)),
+        out = {"one": s1, "eight": s8, "ratios": bl.summary(bl.ratio(t8, t1) for t1, t8 in zip(one, eight)),
                "target": c, "note": "new release + restart + proof on each host; forks 8, -e trainer_serial=8"}
         self.row(figure="6 fleet", what="deploy new release to 1 container", min=s1["min"], median=s1["median"],
                  target="", verdict="")
