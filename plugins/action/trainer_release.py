@@ -4,8 +4,12 @@
 """Controller side of dflash.trainer.trainer_release (documented in the module).
 
 state=present with src: hash the tree here, ask the target whether that release exists (one
-module run). Only if it answers needs_archive: build one deterministic tar.gz locally, put it
-into the remote tmp dir (one transfer), run the module again with archive=, clean up.
+module run, pipelined: no remote temporary directory). Only if it answers needs_archive: build
+one deterministic tar.gz locally - a delta holding only the files whose sha256 the target's base
+release (the one it answered in base / have) lacks, or the full tree when there is no base -
+create the remote tmp dir, put the archive there (one transfer), run the module again with
+archive= (and base=), clean up. Should the base fail the target's checks (vanished, a file not
+matching its sha256), send the full archive once more (delta: false).
 Every other call goes to the module unchanged.
 """
 from __future__ import annotations
@@ -22,18 +26,23 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     DEFAULT_EXCLUDES,
     ReleaseError,
     build_archive,
+    delta_counts,
     scan_tree,
 )
 
 display = Display()
 
 MODULE = "dflash.trainer.trainer_release"
+# keys of the module's needs_archive answer that never reach the task result
+_PROTOCOL_KEYS = ("needs_archive", "have")
 
 
 class ActionModule(ActionBase):
 
-    TRANSFERS_FILES = True
-    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "keep"))
+    # The remote tmp dir is only needed to upload an archive; it is made lazily (_make_tmp_path)
+    # then, so that a no-op release is a single pipelined module run.
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep"))
 
     def run(self, tmp=None, task_vars=None):
         if task_vars is None:
@@ -54,7 +63,7 @@ class ActionModule(ActionBase):
 
         if state != "present":
             return self._fail(result, "src is only valid with state=present, not state=%s" % state)
-        for other in ("release", "archive"):
+        for other in ("release", "archive", "base"):
             if args.get(other) is not None:
                 return self._fail(result, "src and %s are mutually exclusive: the release id is "
                                           "computed from src" % other)
@@ -79,53 +88,91 @@ class ActionModule(ActionBase):
         try:
             first = self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
             if first.get("failed") or not first.get("needs_archive"):
-                result.update(first)
-                result.update(tree)
-                result.pop("needs_archive", None)
+                return self._finish(result, first, tree)
+            base = first.get("base")
+            have = first.get("have") if base else None
+            if base and not isinstance(have, list):
+                base, have = None, None
+
+            if self._task.check_mode:
+                built = self._build(scan, src_path, have, tree, result)
+                if built is None:
+                    return result
+                _unlink(built[0])
+                sent = built[1]
+                previous = first.get("previous")
+                self._finish(result, first, tree)
+                result.update(changed=True, transferred=True, switched=previous != scan.release_id,
+                              current=scan.release_id, delta=base is not None, base=base,
+                              sent_files=sent[0], reused_files=sent[1])
                 return result
 
-            local_fd, local_archive = tempfile.mkstemp(prefix="dflash-release-%s-" % scan.release_id,
-                                                       suffix=".tar.gz")
-            os.close(local_fd)
-            try:
-                written = build_archive(scan, local_archive)
-                if written != scan.digest:
-                    return self._fail(result, "src %s changed while the release archive was built "
-                                              "(%s, now %s); deploy again"
-                                      % (src_path, scan.release_id, written[:len(scan.release_id)]),
-                                      **tree)
-                tree["archive_bytes"] = os.path.getsize(local_archive)
-
-                if self._task.check_mode:
-                    previous = first.get("previous")
-                    result.update(first)
-                    result.pop("needs_archive", None)
-                    result.update(tree)
-                    result.update(changed=True, transferred=True, switched=previous != scan.release_id,
-                                  current=scan.release_id)
+            second = self._send(scan, src_path, module_args, task_vars, base, have, tree, result)
+            if second is None:
+                return result
+            if base is not None and second.get("failed") and second.get("base_unusable"):
+                display.warning("trainer_release: delta on base release %s refused by the target (%s); "
+                                "sending the full archive" % (base, second.get("msg")))
+                tree["delta_fallback"] = second.get("msg")
+                second = self._send(scan, src_path, module_args, task_vars, None, None, tree, result)
+                if second is None:
                     return result
-
-                if self._connection._shell.tmpdir is None:
-                    self._make_tmp_path()
-                remote_archive = self._connection._shell.join_path(
-                    self._connection._shell.tmpdir, "release-%s.tar.gz" % scan.release_id)
-                self._transfer_file(local_archive, remote_archive)
-                self._fixup_perms2((self._connection._shell.tmpdir, remote_archive))
-            finally:
-                try:
-                    os.unlink(local_archive)
-                except OSError:
-                    pass
-
-            second = self._execute_module(module_name=MODULE,
-                                          module_args=dict(module_args, archive=remote_archive),
-                                          task_vars=task_vars)
-            result.update(second)
-            result.pop("needs_archive", None)
-            result.update(tree)
-            return result
+            return self._finish(result, second, tree)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
+
+    def _build(self, scan, src_path, have, tree, result):
+        """Build the archive (a delta when have is not None) into a local temp file.
+
+        Returns (local path, (sent_files, reused_files)) with tree['archive_bytes'] set, or None
+        after failing result. The caller removes the file."""
+        local_fd, local_archive = tempfile.mkstemp(prefix="dflash-release-%s-" % scan.release_id,
+                                                   suffix=".tar.gz")
+        os.close(local_fd)
+        try:
+            written = build_archive(scan, local_archive, have=have)
+        except BaseException:
+            _unlink(local_archive)
+            raise
+        if written != scan.digest:
+            _unlink(local_archive)
+            self._fail(result, "src %s changed while the release archive was built (%s, now %s); deploy again"
+                       % (src_path, scan.release_id, written[:len(scan.release_id)]), **tree)
+            return None
+        tree["archive_bytes"] = os.path.getsize(local_archive)
+        return local_archive, delta_counts(scan, have)
+
+    def _send(self, scan, src_path, module_args, task_vars, base, have, tree, result):
+        """Build, upload and install; the module's result, or None after failing result."""
+        built = self._build(scan, src_path, have, tree, result)
+        if built is None:
+            return None
+        local_archive, counts = built
+        try:
+            if self._connection._shell.tmpdir is None:
+                self._make_tmp_path()
+            remote_archive = self._connection._shell.join_path(
+                self._connection._shell.tmpdir, "release-%s.tar.gz" % scan.release_id)
+            self._transfer_file(local_archive, remote_archive)
+            self._fixup_perms2((self._connection._shell.tmpdir, remote_archive))
+        finally:
+            _unlink(local_archive)
+        display.vvv("trainer_release: sent %s archive of %d files (%d reused from %s), %d bytes"
+                    % ("a delta" if base else "the full", counts[0], counts[1], base, tree["archive_bytes"]))
+        args = dict(module_args, archive=remote_archive)
+        if base is not None:
+            args["base"] = base
+        return self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars)
+
+    @staticmethod
+    def _finish(result, module_result, tree):
+        result.update(module_result)
+        for key in _PROTOCOL_KEYS:
+            result.pop(key, None)
+        if not result.get("delta"):
+            result.pop("base", None)
+        result.update(tree)
+        return result
 
     def _resolve_src(self, src):
         src = os.path.expanduser(src)
@@ -149,3 +196,10 @@ class ActionModule(ActionBase):
         result.update(extra)
         result.update(failed=True, changed=False, msg=msg)
         return result
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

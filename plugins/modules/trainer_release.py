@@ -18,7 +18,14 @@ description:
     that release already exists. Only when it does not, the tree goes over as B(one) deterministic
     tar.gz (one file transfer), extracted into C(releases/.tmp-<id>-*), checked against the id,
     completed by a marker file C(.dflash-release) written last, then renamed into place. A
-    deploy that changes nothing is one module run with C(changed=false).
+    deploy that changes nothing is one module run with C(changed=false) (no remote temporary
+    directory either).
+  - Each release records its manifest (path, type, mode, sha256 or link target of every entry) in
+    its marker. When the release C(current) points at has one, the archive is a B(delta) - the
+    manifest of the new tree, directories, symlinks and only the files whose content the current
+    release lacks; the target copies the other files from the current release (plain copies,
+    each verified against its sha256, never hard links), then checks the whole tree against the
+    id as for a full archive. If that base cannot supply a file, the action sends the full archive.
   - A partial release (interrupted extraction) is never eligible for C(current); stale
     C(.tmp-*) directories are removed by the next run that writes.
   - Extraction follows the rules of Python's C(tarfile) C(data) filter, implemented in the
@@ -73,6 +80,11 @@ options:
       - Path B(on the target) of a tar.gz of the release, as built by the action plugin. Used only
         when the release does not exist yet; its content hash must match O(release).
     type: path
+  base:
+    description:
+      - Id of a complete release on the target that O(archive), a B(delta) archive, builds on (set by
+        the action plugin from the C(base) the module answered). Only with O(archive).
+    type: str
   keep:
     description:
       - Number of newest releases to keep with O(state=present); the release C(current) points at
@@ -160,6 +172,33 @@ needs_archive:
   returned: when state is present and the module is called without the action plugin
   type: bool
   sample: false
+base:
+  description:
+    - Release a delta was (or would be) built on. With C(needs_archive), the release the module
+      offers as base (V(null) when there is none with a manifest).
+  returned: when state is present and a delta was installed, or with needs_archive
+  type: str
+  sample: 91c04d7e22aa0b13
+have:
+  description: Distinct sha256 of the regular files of RV(base) (only with needs_archive).
+  returned: with needs_archive
+  type: list
+  elements: str
+delta:
+  description: Whether the release was (or would be) installed from a delta archive.
+  returned: when a release was (or would be) installed
+  type: bool
+  sample: true
+sent_files:
+  description: Regular files that went over in the archive (directories and symlinks always do).
+  returned: when a release was (or would be) installed
+  type: int
+  sample: 1
+reused_files:
+  description: Regular files copied from the base release instead of being sent.
+  returned: when a release was (or would be) installed
+  type: int
+  sample: 1999
 releases:
   description: Complete releases under C(<root>/releases), newest first, after the task.
   returned: always
@@ -218,12 +257,17 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     DEFAULT_EXCLUDES,
+    KIND_FILE,
     MARKER_NAME,
     RELEASE_ID_LEN,
+    BaseReleaseError,
     ReleaseError,
-    extract_archive,
+    extract_archive_entries,
+    extract_delta,
     fsync_dir,
+    manifest_items,
     order_newest_first,
+    parse_manifest,
     plan_prune,
 )
 
@@ -302,6 +346,26 @@ def read_current(root):
     return os.path.basename(target)
 
 
+def read_manifest(root, rid):
+    """Entries of complete release rid as recorded in its marker, or None (no usable manifest)."""
+    try:
+        with open(os.path.join(release_path(root, rid), MARKER_NAME)) as f:
+            marker = json.load(f)
+        return parse_manifest(marker["manifest"], "manifest of release %s" % rid)
+    except (OSError, ValueError, KeyError, TypeError, ReleaseError):
+        return None
+
+
+def delta_base(root, previous):
+    """(base id, sorted distinct sha256 of its files) for a delta upload, or (None, [])."""
+    if previous is None or not _ID_RE.match(previous) or not is_complete(root, previous):
+        return None, []
+    manifest = read_manifest(root, previous)
+    if manifest is None:
+        return None, []
+    return previous, sorted(set(e.payload for e in manifest if e.kind == KIND_FILE))
+
+
 def read_last_good(root):
     path = os.path.join(root, "last_good")
     try:
@@ -363,14 +427,38 @@ def write_last_good(root, rid):
     fsync_dir(root)
 
 
-def install_release(root, rid, archive):
-    """Extract archive into releases/.tmp-<id>-*, verify, write the marker last, rename."""
+def _base_unusable(rid, base, why):
+    return ReleaseModuleError("Unable to install release %s as a delta on base release %s: %s; "
+                              "send the full archive" % (rid, base, why), base_unusable=True, base=base)
+
+
+def install_release(root, rid, archive, base=None):
+    """Extract archive into releases/.tmp-<id>-*, verify, write the marker last, rename.
+
+    With base, archive is a delta (see extract_delta): the files it lacks are copied from the
+    complete release base. Returns dict(delta=, sent_files=, reused_files=)."""
     rdir = releases_dir(root)
     final = release_path(root, rid)
+    base_manifest = None
+    if base is not None:
+        if not is_complete(root, base):
+            raise _base_unusable(rid, base, "it is not a complete release under %s" % rdir)
+        base_manifest = read_manifest(root, base)
+        if base_manifest is None:
+            raise _base_unusable(rid, base, "it records no readable manifest")
     tmp = tempfile.mkdtemp(prefix="%s%s-" % (TMP_PREFIX, rid), dir=rdir)
     try:
         try:
-            digest = extract_archive(archive, tmp)
+            if base is None:
+                digest, entries = extract_archive_entries(archive, tmp)
+                stats = dict(delta=False, sent_files=sum(1 for e in entries if e.kind == KIND_FILE),
+                             reused_files=0)
+            else:
+                digest, entries, sent, reused = extract_delta(archive, tmp, release_path(root, base),
+                                                              base_manifest)
+                stats = dict(delta=True, sent_files=sent, reused_files=reused)
+        except BaseReleaseError as e:
+            raise _base_unusable(rid, base, str(e))
         except (ReleaseError, OSError, EOFError, ValueError) as e:
             raise ReleaseModuleError("Unable to unpack release %s from %s: %s" % (rid, archive, e))
         if digest[:RELEASE_ID_LEN] != rid:
@@ -383,6 +471,7 @@ def install_release(root, rid, archive):
             "digest": digest,
             "created": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(),
             "created_epoch": now,
+            "manifest": manifest_items(entries),
         }
         with open(os.path.join(tmp, MARKER_NAME), "w") as f:
             json.dump(marker, f, sort_keys=True)
@@ -400,6 +489,7 @@ def install_release(root, rid, archive):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return stats
 
 
 def delete_release(root, rid):
@@ -432,6 +522,11 @@ def _present(params, check_mode):
     root = params["root"]
     rid = validate_id(params.get("release"))
     archive = params.get("archive")
+    base = params.get("base")
+    if base is not None:
+        validate_id(base, "base release")
+        if not archive:
+            raise ReleaseModuleError("base is only valid together with archive (a delta archive)")
     keep = params["keep"]
     if keep < 0:
         raise ReleaseModuleError("keep must be 0 or more, got %d" % keep)
@@ -443,8 +538,10 @@ def _present(params, check_mode):
                   last_good=read_last_good(root))
 
     if not complete and not archive:
-        # Decide before touching anything: the action plugin uploads and calls again.
-        result.update(needs_archive=True, current=previous,
+        # Decide before touching anything: the action plugin uploads and calls again, with a
+        # delta against base (the current release) when there is one with a manifest.
+        delta_from, have = delta_base(root, previous)
+        result.update(needs_archive=True, current=previous, base=delta_from, have=have,
                       releases=order_newest_first(list_releases(root)))
         return result
     if not complete and not os.path.isfile(archive):
@@ -474,7 +571,9 @@ def _present(params, check_mode):
             remove_path(os.path.join(root, rel))
             result["cleaned"].append(rel)
         if not is_complete(root, rid):
-            install_release(root, rid, archive)
+            result.update(install_release(root, rid, archive, base))
+            if base is not None:
+                result["base"] = base
             result["transferred"] = True
         if previous != rid:
             switch_current(root, rid)
@@ -567,10 +666,11 @@ def main():
             excludes=dict(type="list", elements="str", default=list(DEFAULT_EXCLUDES)),
             release=dict(type="str"),
             archive=dict(type="path"),
+            base=dict(type="str"),
             keep=dict(type="int", default=5),
         ),
         required_if=[("state", "present", ("release", "src"), True)],
-        mutually_exclusive=[("src", "release"), ("src", "archive")],
+        mutually_exclusive=[("src", "release"), ("src", "archive"), ("src", "base")],
         supports_check_mode=True,
     )
     try:

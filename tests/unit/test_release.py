@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import tarfile
@@ -300,3 +301,170 @@ def test_plan_prune(releases, current, last_good, keep, expected):
 def test_plan_prune_rejects_negative_keep():
     with pytest.raises(ValueError):
         rel.plan_prune({"a": 1}, "a", None, -1)
+
+
+# --- delta archives ---------------------------------------------------------------------------
+
+def _install_full(tmp_path, spec, name):
+    """A base release: spec extracted from a full archive into tmp_path/name; (dir, entries)."""
+    scan = rel.scan_tree(make_tree(str(tmp_path / ("src-" + name)), spec))
+    archive = str(tmp_path / (name + ".tar.gz"))
+    rel.build_archive(scan, archive)
+    dest = tmp_path / name
+    dest.mkdir()
+    digest, entries = rel.extract_archive_entries(archive, str(dest))
+    assert digest == scan.digest
+    return str(dest), entries
+
+
+def _have(entries):
+    return sorted(set(e.payload for e in entries if e.kind == rel.KIND_FILE))
+
+
+def test_delta_round_trip_reuses_base_files_byte_and_mode_exact(tmp_path):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    spec = dict(BASE_TREE)
+    spec["trainer.py"] = b"print('step=2')\n"  # changed: sent
+    spec["pkg/model.py"] = (b"W = 1\n", 0o600)  # same content, other mode: reused, mode from manifest
+    spec["pkg/copy.py"] = b"W = 1\n"  # same content at a new path: reused
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    archive = str(tmp_path / "delta.tar.gz")
+    assert rel.build_archive(scan, archive, have=_have(base_entries)) == scan.digest
+    assert rel.delta_counts(scan, _have(base_entries)) == (1, 5)
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert names[0] == rel.MANIFEST_MEMBER
+    assert "trainer.py" in names and "pkg/model.py" not in names and "run.sh" not in names
+    assert "pkg" in names and "latest.py" in names  # directories and symlinks always go
+
+    dest = tmp_path / "new"
+    dest.mkdir()
+    digest, entries, sent, reused = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    assert digest == scan.digest and (sent, reused) == (1, 5)
+    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert sorted(entries, key=lambda e: e.relpath) == sorted(scan.entries, key=lambda e: e.relpath)
+    assert (dest / "run.sh").read_bytes() == BASE_TREE["run.sh"][0] and os.access(dest / "run.sh", os.X_OK)
+    assert stat.S_IMODE(os.stat(dest / "pkg" / "model.py").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.join(base_dir, "pkg", "model.py")).st_mode) == 0o644
+    for relpath in ("run.sh", "pkg/model.py", "pkg/copy.py"):  # copies, never hard links
+        st = os.stat(dest / relpath)
+        assert st.st_nlink == 1 and st.st_ino != os.stat(os.path.join(base_dir, "pkg/model.py")).st_ino
+
+
+def test_delta_detects_a_tampered_base_file(tmp_path):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    with open(os.path.join(base_dir, "pkg", "model.py"), "wb") as f:
+        f.write(b"W = 9\n")  # same size, other bytes: the manifest still says W = 1
+    spec = dict(BASE_TREE, **{"trainer.py": b"print('step=2')\n"})
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    archive = str(tmp_path / "delta.tar.gz")
+    rel.build_archive(scan, archive, have=_have(base_entries))
+    dest = tmp_path / "new"
+    dest.mkdir()
+    with pytest.raises(rel.BaseReleaseError, match="does not match its recorded sha256"):
+        rel.extract_delta(archive, str(dest), base_dir, base_entries)
+
+
+def test_delta_base_lacking_a_file_is_a_base_error(tmp_path):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"x.py": b"new\n"})))
+    archive = str(tmp_path / "delta.tar.gz")
+    rel.build_archive(scan, archive, have=_have(base_entries) + ["0" * 64])
+    os.unlink(os.path.join(base_dir, "trainer.py"))
+    dest = tmp_path / "new"
+    dest.mkdir()
+    with pytest.raises(rel.BaseReleaseError, match="trainer.py"):
+        rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    # a sha the base manifest does not know at all
+    dest2 = tmp_path / "new2"
+    dest2.mkdir()
+    with pytest.raises(rel.BaseReleaseError, match="neither in the archive nor in the base"):
+        rel.extract_delta(archive, str(dest2), base_dir, [e for e in base_entries if e.relpath != "run.sh"])
+
+
+def _delta_tar(path, manifest_entries, members=(), raw_manifest=None):
+    """A delta archive by hand: manifest member first (items as given), then members (_tar kinds)."""
+    data = raw_manifest if raw_manifest is not None else json.dumps(
+        {"version": rel.MANIFEST_VERSION, "entries": manifest_entries}).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        ti = tarfile.TarInfo(rel.MANIFEST_MEMBER)
+        ti.size = len(data)
+        tar.addfile(ti, io.BytesIO(data))
+        for name, kind, extra in members:
+            ti = tarfile.TarInfo(name)
+            if kind == "dir":
+                ti.type, ti.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(ti)
+            else:
+                ti.mode, ti.size = 0o644, len(extra)
+                tar.addfile(ti, io.BytesIO(extra))
+    return path
+
+
+SHA_X = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"  # sha256(b"x")
+
+UNSAFE_MANIFESTS = [
+    ("dotdot", [["../evil", "f", 420, 1, SHA_X]], r"'\.\.'"),
+    ("nested dotdot", [["pkg", "d", 493, 0, ""], ["pkg/../../evil", "f", 420, 1, SHA_X]], r"'\.\.'"),
+    ("absolute", [["/etc/evil", "f", 420, 1, SHA_X]], "absolute"),
+    ("not canonical", [["./pkg//m.py", "f", 420, 1, SHA_X]], "canonical"),
+    ("parent not a dir", [["trainer.py/x", "f", 420, 1, SHA_X]], "not a directory"),
+    ("symlink outside", [["l", "l", 0, 0, "../../etc"]], "outside"),
+    ("bad sha", [["a", "f", 420, 1, "nothex"]], "not a sha256"),
+    ("bad kind", [["a", "c", 420, 0, ""]], "unknown kind"),
+    ("duplicate", [["a", "f", 420, 1, SHA_X], ["a", "f", 420, 1, SHA_X]], "twice"),
+    ("not a list", {"a": 1}, "not a list"),
+]
+
+
+@pytest.mark.parametrize("what,items,needle", UNSAFE_MANIFESTS, ids=[u[0] for u in UNSAFE_MANIFESTS])
+def test_delta_manifest_paths_are_checked(tmp_path, what, items, needle):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    archive = _delta_tar(str(tmp_path / "bad.tar.gz"), items)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(rel.UnsafeArchiveError, match=needle):
+        rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    assert not (tmp_path / "evil").exists() and os.listdir(str(dest)) == []
+
+
+def test_delta_archive_must_match_its_manifest(tmp_path):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    cases = [
+        # a member the manifest does not list
+        ([["a", "f", 420, 1, SHA_X]], [("a", "file", b"x"), ("b", "file", b"x")], "does not match"),
+        # a member whose content differs from the manifest's sha256
+        ([["a", "f", 420, 1, SHA_X]], [("a", "file", b"y")], "does not match"),
+        # a directory of the manifest missing from the archive
+        ([["d", "d", 493, 0, ""]], [], "missing from the delta archive"),
+        # no manifest member first
+        (None, [], "must start with its manifest"),
+    ]
+    for i, (items, members, needle) in enumerate(cases):
+        path = str(tmp_path / ("c%d.tar.gz" % i))
+        if items is None:
+            _tar(path, [("a", "file", b"x")])
+        else:
+            _delta_tar(path, items, members)
+        dest = tmp_path / ("dest%d" % i)
+        dest.mkdir()
+        with pytest.raises(rel.UnsafeArchiveError, match=needle):
+            rel.extract_delta(path, str(dest), base_dir, base_entries)
+    with pytest.raises(rel.UnsafeArchiveError, match="unreadable manifest"):
+        (tmp_path / "destx").mkdir()
+        rel.extract_delta(_delta_tar(str(tmp_path / "x.tar.gz"), None, raw_manifest=b"{nope"),
+                          str(tmp_path / "destx"), base_dir, base_entries)
+
+
+def test_delta_member_named_like_the_manifest_is_a_plain_file(tmp_path):
+    spec = dict(BASE_TREE, **{rel.MANIFEST_MEMBER: b"a file of the tree\n"})
+    base_dir, base_entries = _install_full(tmp_path, spec, "base")
+    assert (tmp_path / "base" / rel.MANIFEST_MEMBER).read_bytes() == b"a file of the tree\n"
+    spec[rel.MANIFEST_MEMBER] = b"changed\n"
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    archive = str(tmp_path / "delta.tar.gz")
+    rel.build_archive(scan, archive, have=_have(base_entries))
+    dest = tmp_path / "new"
+    dest.mkdir()
+    assert rel.extract_delta(archive, str(dest), base_dir, base_entries)[0] == scan.digest
+    assert (dest / rel.MANIFEST_MEMBER).read_bytes() == b"changed\n"

@@ -45,6 +45,33 @@ def make_src(path):
             f.write("X = %d\n" % i)
 
 
+def tree_of(path):
+    """relpath -> (mode, bytes or link target) of everything below path, but the release marker
+    and the default excludes."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(str(path)):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, str(path))
+            if rel == ".dflash-release":
+                continue
+            st = os.lstat(full)
+            if os.path.islink(full):
+                out[rel] = ("link", os.readlink(full))
+            elif os.path.isdir(full):
+                out[rel] = (st.st_mode & 0o7777, None)
+            else:
+                with open(full, "rb") as f:
+                    out[rel] = (st.st_mode & 0o7777, f.read())
+    return out
+
+
+def deploy_task_output(stdout):
+    """-vvv output of the deploy task alone (the report task makes its own tmp dirs)."""
+    return stdout.split("TASK [deploy]", 1)[1].split("TASK [report]", 1)[0]
+
+
 def module_runs(stdout):
     return sum(1 for line in stdout.splitlines()
                if line.startswith("Using module file") and line.rstrip().endswith("trainer_release.py"))
@@ -54,7 +81,7 @@ def archive_puts(stdout):
     return sum(1 for line in stdout.splitlines() if "PUT " in line and ".tar.gz" in line)
 
 
-def play(tmp_path, src, root, check=False, extra=None):
+def play(tmp_path, src, root, check=False, extra=None, pipelining=False):
     book = tmp_path / "play.yml"
     book.write_text(PLAYBOOK)
     out = tmp_path / "result.json"
@@ -69,7 +96,7 @@ def play(tmp_path, src, root, check=False, extra=None):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
                ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-remote"),
-               ANSIBLE_NOCOLOR="1")
+               ANSIBLE_NOCOLOR="1", ANSIBLE_PIPELINING="1" if pipelining else "0")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
     result = json.loads(out.read_text()) if out.exists() else None
     return proc, result
@@ -102,20 +129,50 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     assert (current / "pkg" / "m07.py").read_text() == "X = 7\n"
     assert not (current / "pkg" / "__pycache__").exists()  # default excludes
 
+    assert r1["delta"] is False and r1["sent_files"] == 22 and r1["reused_files"] == 0
+
     proc, r2 = play(tmp_path, src, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r2["changed"] is False and r2["transferred"] is False and r2["release"] == r1["release"]
     assert module_runs(proc.stdout) == 1 and archive_puts(proc.stdout) == 0
+    # pipelined (as over dflash.trainer.pct), a no-op is one module run and makes no remote tmp dir
+    proc, r2p = play(tmp_path, src, root, pipelining=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r2p["changed"] is False and r2p["release"] == r1["release"]
+    assert "Pipelining is enabled" in deploy_task_output(proc.stdout)
+    assert module_runs(proc.stdout) == 1 and "ansible-tmp-" not in deploy_task_output(proc.stdout)
 
+    # one file changed: a delta carrying that file alone, the rest copied from the current release
     (src / "trainer.py").write_text("print('step=2')\n")
     proc, r3 = play(tmp_path, src, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r3["release"] != r1["release"] and r3["previous"] == r1["release"]
     assert r3["switched"] is True and set(r3["releases"]) == {r1["release"], r3["release"]}
+    assert r3["delta"] is True and r3["base"] == r1["release"]
+    assert r3["sent_files"] == 1 and r3["reused_files"] == 21
+    assert r3["archive_bytes"] > 0 and "have" not in r3 and "needs_archive" not in r3
+    assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
     assert (root / "current" / "trainer.py").read_text() == "print('step=2')\n"
+    assert os.access(root / "current" / "run.sh", os.X_OK)
+    assert tree_of(root / "current") == tree_of(src)
     # the remote tmp dir holding the archive is gone
     remote_tmp = tmp_path / "ansible-remote"
     assert not remote_tmp.exists() or not any(remote_tmp.iterdir())
+
+    proc, r4 = play(tmp_path, src, root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r4["changed"] is False and r4["release"] == r3["release"] and "delta" not in r4
+
+    # a base file that fails its sha256 check: the action falls back to the full archive
+    with open(root / "current" / "pkg" / "m07.py", "w") as f:
+        f.write("X = 8\n")
+    (src / "trainer.py").write_text("print('step=3')\n")
+    proc, r5 = play(tmp_path, src, root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r5["changed"] is True and r5["delta"] is False and r5["sent_files"] == 22
+    assert "does not match its recorded sha256" in r5["delta_fallback"]
+    assert module_runs(proc.stdout) == 3 and archive_puts(proc.stdout) == 2
+    assert tree_of(root / "current") == tree_of(src)
 
 
 def test_missing_src_fails_before_touching_target(tmp_path, python_ok):

@@ -41,9 +41,19 @@ class Lab(object):
         rel.build_archive(scan, archive)
         return scan.release_id, archive
 
+    def build_delta(self, version, have, change=None):
+        """(release id, delta archive) of version against a base holding the sha256s in have."""
+        src = make_src(str(self.tmp / ("src-%s" % version)), version)
+        if change:
+            change(src)
+        scan = rel.scan_tree(src)
+        archive = str(self.tmp / ("%s-delta.tar.gz" % version))
+        rel.build_archive(scan, archive, have=have)
+        return scan.release_id, archive
+
     def run(self, check_mode=False, **params):
         full = dict(root=self.root, state="present", release=None, archive=None, keep=5,
-                    src=None, excludes=None)
+                    src=None, excludes=None, base=None)
         full.update(params)
         return mod.run(full, check_mode)
 
@@ -81,6 +91,7 @@ def test_present_without_archive_asks_for_it_and_touches_nothing(lab):
     result = lab.run(release=rid)
     assert result["needs_archive"] is True and result["changed"] is False
     assert result["previous"] is None and result["releases"] == []
+    assert result["base"] is None and result["have"] == []  # nothing to build a delta on
     assert not os.path.exists(lab.root)
 
 
@@ -279,3 +290,102 @@ def test_module_runs_as_a_program(lab, tmp_path):
     out = call({"root": lab.root})
     assert out["failed"] is True and "release" in out["msg"]
     assert stat.S_ISLNK(os.lstat(os.path.join(lab.root, "current")).st_mode)
+
+
+# --- delta releases ---------------------------------------------------------------------------
+
+def _chmod_init(src):
+    os.chmod(os.path.join(src, "pkg", "__init__.py"), 0o600)  # same content, other mode
+
+
+def test_release_records_its_manifest_and_offers_itself_as_base(lab):
+    r1, _ignored = lab.deploy("v1")
+    marker = json.load(open(os.path.join(lab.root, "releases", r1, rel.MARKER_NAME)))
+    scan = rel.scan_tree(str(lab.tmp / "src-v1"))
+    assert marker["manifest"] == rel.manifest_items(scan.entries)
+    r2, _ignored = lab.build("v2")
+    answer = lab.run(release=r2)
+    assert answer["needs_archive"] is True and answer["base"] == r1 and answer["changed"] is False
+    assert answer["have"] == sorted(set(e.payload for e in scan.entries if e.kind == "f"))
+
+
+def test_delta_install_reuses_base_files_byte_and_mode_exact(lab):
+    r1, _ignored = lab.deploy("v1")
+    r2, _ignored = lab.build("v2")
+    answer = lab.run(release=r2)
+    rid, delta = lab.build_delta("v2", answer["have"], change=_chmod_init)
+    before = lab.snapshot()
+    result = lab.run(release=rid, archive=delta, base=answer["base"])
+    assert result["changed"] and result["transferred"] and result["switched"]
+    assert result["delta"] is True and result["base"] == r1
+    assert result["sent_files"] == 1 and result["reused_files"] == 2  # trainer.py sent
+    new = os.path.join(lab.root, "releases", rid)
+    assert rel.scan_tree(new, [rel.MARKER_NAME]).release_id == rid == rel.scan_tree(str(lab.tmp / "src-v2")).release_id
+    assert os.access(os.path.join(new, "run.sh"), os.X_OK)
+    assert stat.S_IMODE(os.stat(os.path.join(new, "pkg", "__init__.py")).st_mode) == 0o600
+    old = os.path.join(lab.root, "releases", r1)
+    assert stat.S_IMODE(os.stat(os.path.join(old, "pkg", "__init__.py")).st_mode) == 0o644
+    assert os.stat(os.path.join(new, "run.sh")).st_ino != os.stat(os.path.join(old, "run.sh")).st_ino
+    # the base is untouched and the new release records its own manifest (a base for the next)
+    assert {k: v for k, v in lab.snapshot().items() if k.startswith("releases/" + r1)} == \
+        {k: v for k, v in before.items() if k.startswith("releases/" + r1)}
+    assert lab.run(release=lab.build("v3")[0])["base"] == rid
+
+
+def test_delta_with_a_tampered_base_file_is_refused(lab):
+    r1, _ignored = lab.deploy("v1")
+    path = os.path.join(lab.root, "releases", r1, "run.sh")
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data.replace(b"python3", b"pythonX"))
+    answer = lab.run(release=lab.build("v2")[0])
+    rid, delta = lab.build_delta("v2", answer["have"])
+    with pytest.raises(mod.ReleaseModuleError, match="does not match its recorded sha256") as info:
+        lab.run(release=rid, archive=delta, base=r1)
+    assert info.value.result["base_unusable"] is True
+    assert lab.run(state="query")["releases"] == [r1] and lab.current() == "releases/" + r1
+    assert not [n for n in os.listdir(os.path.join(lab.root, "releases")) if n.startswith(".tmp-")]
+    # the full archive still installs (the action's fallback)
+    assert lab.run(release=rid, archive=lab.build("v2")[1])["delta"] is False
+
+
+def test_delta_on_a_vanished_or_manifestless_base_asks_for_the_full_archive(lab):
+    r1, _ignored = lab.deploy("v1")
+    answer = lab.run(release=lab.build("v2")[0])
+    rid, delta = lab.build_delta("v2", answer["have"])
+    os.rename(os.path.join(lab.root, "releases", r1), os.path.join(lab.root, "gone"))
+    with pytest.raises(mod.ReleaseModuleError, match="not a complete release") as info:
+        lab.run(release=rid, archive=delta, base=r1)
+    assert info.value.result["base_unusable"] is True
+    os.rename(os.path.join(lab.root, "gone"), os.path.join(lab.root, "releases", r1))
+    # a release from before manifests (marker without one) is no base
+    marker_path = os.path.join(lab.root, "releases", r1, rel.MARKER_NAME)
+    marker = json.load(open(marker_path))
+    del marker["manifest"]
+    with open(marker_path, "w") as f:
+        json.dump(marker, f)
+    answer = lab.run(release=rid)
+    assert answer["needs_archive"] is True and answer["base"] is None and answer["have"] == []
+    with pytest.raises(mod.ReleaseModuleError, match="no readable manifest") as info:
+        lab.run(release=rid, archive=delta, base=r1)
+    assert info.value.result["base_unusable"] is True
+    result = lab.run(release=rid, archive=lab.build("v2")[1])
+    assert result["delta"] is False and result["sent_files"] == 3 and result["reused_files"] == 0
+
+
+def test_delta_archive_for_other_content_is_refused(lab):
+    r1, _ignored = lab.deploy("v1")
+    answer = lab.run(release=lab.build("v2")[0])
+    _ignored, delta3 = lab.build_delta("v3", answer["have"])
+    r2, _ignored = lab.build("v2")
+    with pytest.raises(mod.ReleaseModuleError, match="holds release"):
+        lab.run(release=r2, archive=delta3, base=r1)
+    assert lab.current() == "releases/" + r1
+
+
+def test_base_needs_an_archive_and_a_valid_id(lab):
+    r1, _ignored = lab.deploy("v1")
+    with pytest.raises(mod.ReleaseModuleError, match="only valid together with archive"):
+        lab.run(release=lab.build("v2")[0], base=r1)
+    with pytest.raises(mod.ReleaseModuleError, match="invalid base release id"):
+        lab.run(release=lab.build("v2")[0], archive=lab.build("v2")[1], base="../x")
