@@ -99,3 +99,30 @@ def test_fleet_deploy_is_serial_and_stops_at_the_first_failure(lab, hosts, tmp_p
     assert "pb-%s" % CTS[1] not in res.stdout.split("PLAY RECAP")[0]
     releases = lab.ct(CTS[1], "ls", "/opt/dflash-trainer/releases").stdout.split()
     assert releases == [good[CTS[1]]]
+    # the failed deploy released its lock (the role's `always`)
+    assert lab.ct(CTS[0], "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 1
+
+
+def test_a_second_deploy_is_refused_while_one_runs(lab, hosts, tmp_path):
+    """Two deploys to one container would interleave stop/start/proof: the lock refuses the second."""
+    from labkit import wait_for
+    ct = CTS[0]
+    src = tree(tmp_path, "locked")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    extra = json.dumps(dict(FAST, trainer_target_hosts="all", trainer_src=src, trainer_force_restart=True))
+    first = subprocess.Popen(["ansible-playbook", "-i", hosts, "deploy.yml", "-l", "pb-" + ct, "-e", extra],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 0,
+                        timeout=60), "the first deploy never took the lock"
+        second = playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=src)
+        assert second.returncode != 0
+        assert "another deploy holds /run/dflash-trainer.deploy.lock" in second.stdout
+        out, _err = first.communicate(timeout=600)
+        assert first.returncode == 0, out[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # released at the end: the next deploy goes through
+    assert lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 1
+    assert playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=src).returncode == 0
