@@ -23,9 +23,16 @@ description:
   - Each release records its manifest (path, type, mode, sha256 or link target of every entry) in
     its marker. When the release C(current) points at has one, the archive is a B(delta) - the
     manifest of the new tree, directories, symlinks and only the files whose content the current
-    release lacks; the target copies the other files from the current release (plain copies,
-    each verified against its sha256, never hard links), then checks the whole tree against the
-    id as for a full archive. If that base cannot supply a file, the action sends the full archive.
+    release lacks; the target takes the other files from the current release, each verified
+    against its sha256 first, then checks the whole tree against the id as for a full archive. If
+    that base cannot supply a file, the action sends the full archive.
+  - A file taken from the base release is B(hard-linked) when the base file already has the mode
+    and owner extraction would give it (and lies on the same filesystem), else copied - the
+    C(rsync --link-dest) pattern. Releases are immutable (only this module writes below
+    C(releases/)), so identical content with an identical mode can share one inode, and pruning a
+    release leaves the others complete. The limit - an in-place edit of a file below C(releases/)
+    shows in every release sharing it; O(state=query) with O(verify=true) re-hashes the current
+    release against its manifest to find such edits.
   - A partial release (interrupted extraction) is never eligible for C(current); stale
     C(.tmp-*) directories are removed by the next run that writes.
   - Extraction follows the rules of Python's C(tarfile) C(data) filter, implemented in the
@@ -91,6 +98,15 @@ options:
         and C(last_good) are never removed on top of that.
     type: int
     default: 5
+  verify:
+    description:
+      - Only with O(state=query). Re-hash the release C(current) points at and compare every entry
+        (type, mode, sha256, link target; nothing missing, nothing extra) with the manifest its
+        marker records; returns RV(verified) and RV(mismatches). Reads every file of the release.
+      - The action plugin does not pass this option through yet (it is not in its accepted
+        arguments); the module itself takes it.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.flow
@@ -195,10 +211,37 @@ sent_files:
   type: int
   sample: 1
 reused_files:
-  description: Regular files copied from the base release instead of being sent.
+  description:
+    - Regular files taken from the base release instead of being sent (RV(linked_files) +
+      RV(copied_files)).
   returned: when a release was (or would be) installed
   type: int
   sample: 1999
+linked_files:
+  description: Of RV(reused_files), the files hard-linked to the base release's file.
+  returned: when a release was installed
+  type: int
+  sample: 1998
+copied_files:
+  description:
+    - Of RV(reused_files), the files copied (the base file's mode or owner differs from what the
+      new release needs, or the link failed).
+  returned: when a release was installed
+  type: int
+  sample: 1
+verified:
+  description:
+    - Whether the current release matches its manifest (O(verify=true)); V(null) when there is no
+      current release.
+  returned: when state is query and verify is true
+  type: bool
+  sample: true
+mismatches:
+  description: Entries of the current release that differ from its manifest, one line each.
+  returned: when state is query and verify is true
+  type: list
+  elements: str
+  sample: ["pkg/model.py: content differs from its recorded sha256"]
 releases:
   description: Complete releases under C(<root>/releases), newest first, after the task.
   returned: always
@@ -258,6 +301,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     DEFAULT_EXCLUDES,
     KIND_FILE,
+    KIND_SYMLINK,
     MARKER_NAME,
     RELEASE_ID_LEN,
     BaseReleaseError,
@@ -265,11 +309,14 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     extract_archive_entries,
     extract_delta,
     fsync_dir,
+    hash_entries,
     manifest_items,
     order_newest_first,
     parse_manifest,
     plan_prune,
+    scan_tree,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._release import _safe_mode as extracted_mode
 
 try:
     import fcntl
@@ -436,7 +483,8 @@ def install_release(root, rid, archive, base=None):
     """Extract archive into releases/.tmp-<id>-*, verify, write the marker last, rename.
 
     With base, archive is a delta (see extract_delta): the files it lacks are copied from the
-    complete release base. Returns dict(delta=, sent_files=, reused_files=)."""
+    complete release base, hard-linked where they can be (see extract_delta). Returns
+    dict(delta=, sent_files=, reused_files=, linked_files=, copied_files=)."""
     rdir = releases_dir(root)
     final = release_path(root, rid)
     base_manifest = None
@@ -452,11 +500,12 @@ def install_release(root, rid, archive, base=None):
             if base is None:
                 digest, entries = extract_archive_entries(archive, tmp)
                 stats = dict(delta=False, sent_files=sum(1 for e in entries if e.kind == KIND_FILE),
-                             reused_files=0)
+                             reused_files=0, linked_files=0, copied_files=0)
             else:
-                digest, entries, sent, reused = extract_delta(archive, tmp, release_path(root, base),
-                                                              base_manifest)
-                stats = dict(delta=True, sent_files=sent, reused_files=reused)
+                done = extract_delta(archive, tmp, release_path(root, base), base_manifest)
+                digest, entries = done.digest, done.entries
+                stats = dict(delta=True, sent_files=done.sent, reused_files=done.reused,
+                             linked_files=done.linked, copied_files=done.copied)
         except BaseReleaseError as e:
             raise _base_unusable(rid, base, str(e))
         except (ReleaseError, OSError, EOFError, ValueError) as e:
@@ -636,11 +685,51 @@ def _mark_good(params, check_mode):
                 current=read_current(root), releases=order_newest_first(list_releases(root)))
 
 
+def verify_release(root, rid):
+    """Re-hash complete release rid against the manifest its marker records: (ok, mismatches).
+
+    Catches what hard links between releases would spread: a file edited in place, a chmod, a
+    file added or removed below releases/<rid>."""
+    manifest = read_manifest(root, rid)
+    if manifest is None:
+        return False, ["%s: the marker records no readable manifest" % MARKER_NAME]
+    mismatches = []
+    if hash_entries(manifest)[:RELEASE_ID_LEN] != rid:
+        mismatches.append("%s: the recorded manifest is not that of release %s" % (MARKER_NAME, rid))
+    try:
+        scan = scan_tree(release_path(root, rid), ())
+    except ReleaseError as e:
+        return False, mismatches + [str(e)]
+    on_disk = dict((e.relpath, e) for e in scan.entries if e.relpath != MARKER_NAME)
+    for want in manifest:
+        got = on_disk.pop(want.relpath, None)
+        if got is None:
+            mismatches.append("%s: missing" % want.relpath)
+        elif got.kind != want.kind:
+            mismatches.append("%s: a %s, recorded as a %s" % (want.relpath, got.kind, want.kind))
+        elif want.kind == KIND_FILE and got.payload != want.payload:
+            mismatches.append("%s: content differs from its recorded sha256" % want.relpath)
+        elif want.kind == KIND_SYMLINK and got.payload != want.payload:
+            mismatches.append("%s: points at %s, recorded %s" % (want.relpath, got.payload, want.payload))
+        elif want.kind != KIND_SYMLINK and got.mode != extracted_mode(want.kind, want.mode):
+            mismatches.append("%s: mode %04o, expected %04o"
+                              % (want.relpath, got.mode, extracted_mode(want.kind, want.mode)))
+    mismatches.extend("%s: not in the manifest" % relpath for relpath in sorted(on_disk))
+    return not mismatches, mismatches
+
+
 def _query(params, check_mode):
     root = params["root"]
     current = read_current(root)
-    return dict(changed=False, release=current, current=current, last_good=read_last_good(root),
-                releases=order_newest_first(list_releases(root)))
+    result = dict(changed=False, release=current, current=current, last_good=read_last_good(root),
+                  releases=order_newest_first(list_releases(root)))
+    if params.get("verify"):
+        if current is None or not is_complete(root, current):
+            result.update(verified=None, mismatches=[])
+        else:
+            ok, mismatches = verify_release(root, current)
+            result.update(verified=ok, mismatches=mismatches)
+    return result
 
 
 STATES = {"present": _present, "rollback": _rollback, "mark_good": _mark_good, "query": _query}
@@ -654,6 +743,8 @@ def run(params, check_mode=False):
             "the module on the target takes release= (and archive=)")
     root = os.path.abspath(params["root"])
     params = dict(params, root=root)
+    if params.get("verify") and (params.get("state") or "present") != "query":
+        raise ReleaseModuleError("verify is only valid with state=query")
     return STATES[params.get("state") or "present"](params, check_mode)
 
 
@@ -668,6 +759,7 @@ def main():
             archive=dict(type="path"),
             base=dict(type="str"),
             keep=dict(type="int", default=5),
+            verify=dict(type="bool", default=False),
         ),
         required_if=[("state", "present", ("release", "src"), True)],
         mutually_exclusive=[("src", "release"), ("src", "archive"), ("src", "base")],

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import stat
 import tarfile
 
@@ -339,16 +340,86 @@ def test_delta_round_trip_reuses_base_files_byte_and_mode_exact(tmp_path):
 
     dest = tmp_path / "new"
     dest.mkdir()
-    digest, entries, sent, reused = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    result = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    digest, entries, sent, reused = result
     assert digest == scan.digest and (sent, reused) == (1, 5)
+    # pkg/model.py changed mode: copied; every other reused file is hard-linked
+    assert (result.linked, result.copied) == (4, 1)
     assert rel.scan_tree(str(dest), []).digest == scan.digest
     assert sorted(entries, key=lambda e: e.relpath) == sorted(scan.entries, key=lambda e: e.relpath)
     assert (dest / "run.sh").read_bytes() == BASE_TREE["run.sh"][0] and os.access(dest / "run.sh", os.X_OK)
     assert stat.S_IMODE(os.stat(dest / "pkg" / "model.py").st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.join(base_dir, "pkg", "model.py")).st_mode) == 0o644
-    for relpath in ("run.sh", "pkg/model.py", "pkg/copy.py"):  # copies, never hard links
-        st = os.stat(dest / relpath)
-        assert st.st_nlink == 1 and st.st_ino != os.stat(os.path.join(base_dir, "pkg/model.py")).st_ino
+
+    def ino(path):
+        return os.stat(str(path)).st_ino
+
+    # equal mode: the same inode as the base file (pkg/copy.py shares pkg/model.py's, mode 0644)
+    for relpath, base_rel in (("run.sh", "run.sh"), ("pkg/__init__.py", "pkg/__init__.py"),
+                              ("conf/fault.env", "conf/fault.env"), ("pkg/copy.py", "pkg/model.py")):
+        assert ino(dest / relpath) == ino(os.path.join(base_dir, base_rel)), relpath
+    # other mode: a copy of its own, with the manifest's mode
+    assert ino(dest / "pkg" / "model.py") != ino(os.path.join(base_dir, "pkg", "model.py"))
+    assert os.stat(dest / "pkg" / "model.py").st_nlink == 1
+    assert ino(dest / "trainer.py") != ino(os.path.join(base_dir, "trainer.py"))  # sent
+
+
+def test_delta_links_survive_pruning_the_base(tmp_path):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    spec = dict(BASE_TREE, **{"trainer.py": b"print('step=2')\n"})
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    archive = str(tmp_path / "delta.tar.gz")
+    rel.build_archive(scan, archive, have=_have(base_entries))
+    dest = tmp_path / "new"
+    dest.mkdir()
+    result = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    assert result.linked == 4 and result.copied == 0 and result.sent == 1
+    assert os.stat(dest / "run.sh").st_nlink == 2
+    shutil.rmtree(base_dir)  # prune the base release
+    assert os.stat(dest / "run.sh").st_nlink == 1
+    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert os.access(dest / "run.sh", os.X_OK) and (dest / "pkg" / "model.py").read_bytes() == b"W = 1\n"
+
+
+def test_delta_link_false_or_other_owner_copies(tmp_path, monkeypatch):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"trainer.py": b"2\n"})))
+    archive = str(tmp_path / "delta.tar.gz")
+    rel.build_archive(scan, archive, have=_have(base_entries))
+    (tmp_path / "a").mkdir()
+    result = rel.extract_delta(archive, str(tmp_path / "a"), base_dir, base_entries, link=False)
+    assert (result.linked, result.copied) == (0, 4) and result.digest == scan.digest
+    assert os.stat(tmp_path / "a" / "run.sh").st_ino != os.stat(os.path.join(base_dir, "run.sh")).st_ino
+    # a base whose files a fresh extraction would give another owner: copies
+    monkeypatch.setattr(rel, "extraction_owner", lambda dest: (os.geteuid() + 1, os.getegid()))
+    (tmp_path / "b").mkdir()
+    result = rel.extract_delta(archive, str(tmp_path / "b"), base_dir, base_entries)
+    assert (result.linked, result.copied) == (0, 4) and result.digest == scan.digest
+
+
+def test_delta_falls_back_to_a_copy_when_link_fails(tmp_path, monkeypatch):
+    base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
+    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"trainer.py": b"2\n"})))
+    archive = str(tmp_path / "delta.tar.gz")
+    rel.build_archive(scan, archive, have=_have(base_entries))
+
+    def no_link(src, dst, **kw):
+        raise OSError(18, "Invalid cross-device link")  # EXDEV: another filesystem
+    monkeypatch.setattr(rel.os, "link", no_link)
+    dest = tmp_path / "new"
+    dest.mkdir()
+    result = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    assert (result.linked, result.copied) == (0, 4) and result.digest == scan.digest
+    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert os.stat(dest / "run.sh").st_nlink == 1 and os.access(dest / "run.sh", os.X_OK)
+
+
+def test_extraction_owner_is_what_extraction_gives(tmp_path):
+    (tmp_path / "d").mkdir()
+    archive = _tar(str(tmp_path / "a.tar.gz"), [("x", "file", b"x")])
+    rel.extract_archive(archive, str(tmp_path / "d"))
+    st = os.stat(tmp_path / "d" / "x")
+    assert rel.extraction_owner(str(tmp_path / "d")) == (st.st_uid, st.st_gid)
 
 
 def test_delta_detects_a_tampered_base_file(tmp_path):
@@ -363,6 +434,12 @@ def test_delta_detects_a_tampered_base_file(tmp_path):
     dest.mkdir()
     with pytest.raises(rel.BaseReleaseError, match="does not match its recorded sha256"):
         rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    # checked before linking: the tampered file (mode and owner fit for a link) is not in dest,
+    # and nothing in dest shares its inode
+    assert not (dest / "pkg" / "model.py").exists()
+    tampered = os.stat(os.path.join(base_dir, "pkg", "model.py"))
+    assert tampered.st_nlink == 1
+    assert rel.extraction_owner(str(dest)) == (tampered.st_uid, tampered.st_gid)
 
 
 def test_delta_base_lacking_a_file_is_a_base_error(tmp_path):

@@ -142,7 +142,7 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     assert "Pipelining is enabled" in deploy_task_output(proc.stdout)
     assert module_runs(proc.stdout) == 1 and "ansible-tmp-" not in deploy_task_output(proc.stdout)
 
-    # one file changed: a delta carrying that file alone, the rest copied from the current release
+    # one file changed: a delta carrying that file alone, the rest linked from the current release
     (src / "trainer.py").write_text("print('step=2')\n")
     proc, r3 = play(tmp_path, src, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -150,6 +150,10 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     assert r3["switched"] is True and set(r3["releases"]) == {r1["release"], r3["release"]}
     assert r3["delta"] is True and r3["base"] == r1["release"]
     assert r3["sent_files"] == 1 and r3["reused_files"] == 21
+    # same mode and owner: every reused file is a hard link to the previous release's
+    assert r3["linked_files"] == 21 and r3["copied_files"] == 0
+    old_release = root / "releases" / r1["release"]
+    assert os.stat(root / "current" / "pkg" / "m07.py").st_ino == os.stat(old_release / "pkg" / "m07.py").st_ino
     assert r3["archive_bytes"] > 0 and "have" not in r3 and "needs_archive" not in r3
     assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
     assert (root / "current" / "trainer.py").read_text() == "print('step=2')\n"
@@ -163,13 +167,15 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r4["changed"] is False and r4["release"] == r3["release"] and "delta" not in r4
 
-    # a base file that fails its sha256 check: the action falls back to the full archive
+    # a base file that fails its sha256 check: the action falls back to the full archive (the
+    # in-place edit shows in both releases: they share m07.py's inode - the limit of linking)
     with open(root / "current" / "pkg" / "m07.py", "w") as f:
         f.write("X = 8\n")
     (src / "trainer.py").write_text("print('step=3')\n")
     proc, r5 = play(tmp_path, src, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r5["changed"] is True and r5["delta"] is False and r5["sent_files"] == 22
+    assert r5["linked_files"] == 0 and r5["copied_files"] == 0
     assert "does not match its recorded sha256" in r5["delta_fallback"]
     assert module_runs(proc.stdout) == 3 and archive_puts(proc.stdout) == 2
     assert tree_of(root / "current") == tree_of(src)

@@ -319,13 +319,17 @@ def test_delta_install_reuses_base_files_byte_and_mode_exact(lab):
     assert result["changed"] and result["transferred"] and result["switched"]
     assert result["delta"] is True and result["base"] == r1
     assert result["sent_files"] == 1 and result["reused_files"] == 2  # trainer.py sent
+    # run.sh (same mode) linked to the base's inode, pkg/__init__.py (other mode) copied
+    assert result["linked_files"] == 1 and result["copied_files"] == 1
     new = os.path.join(lab.root, "releases", rid)
     assert rel.scan_tree(new, [rel.MARKER_NAME]).release_id == rid == rel.scan_tree(str(lab.tmp / "src-v2")).release_id
     assert os.access(os.path.join(new, "run.sh"), os.X_OK)
     assert stat.S_IMODE(os.stat(os.path.join(new, "pkg", "__init__.py")).st_mode) == 0o600
     old = os.path.join(lab.root, "releases", r1)
     assert stat.S_IMODE(os.stat(os.path.join(old, "pkg", "__init__.py")).st_mode) == 0o644
-    assert os.stat(os.path.join(new, "run.sh")).st_ino != os.stat(os.path.join(old, "run.sh")).st_ino
+    assert os.stat(os.path.join(new, "run.sh")).st_ino == os.stat(os.path.join(old, "run.sh")).st_ino
+    assert os.stat(os.path.join(new, "pkg", "__init__.py")).st_ino != \
+        os.stat(os.path.join(old, "pkg", "__init__.py")).st_ino
     # the base is untouched and the new release records its own manifest (a base for the next)
     assert {k: v for k, v in lab.snapshot().items() if k.startswith("releases/" + r1)} == \
         {k: v for k, v in before.items() if k.startswith("releases/" + r1)}
@@ -371,6 +375,7 @@ def test_delta_on_a_vanished_or_manifestless_base_asks_for_the_full_archive(lab)
     assert info.value.result["base_unusable"] is True
     result = lab.run(release=rid, archive=lab.build("v2")[1])
     assert result["delta"] is False and result["sent_files"] == 3 and result["reused_files"] == 0
+    assert result["linked_files"] == 0 and result["copied_files"] == 0
 
 
 def test_delta_archive_for_other_content_is_refused(lab):
@@ -389,3 +394,43 @@ def test_base_needs_an_archive_and_a_valid_id(lab):
         lab.run(release=lab.build("v2")[0], base=r1)
     with pytest.raises(mod.ReleaseModuleError, match="invalid base release id"):
         lab.run(release=lab.build("v2")[0], archive=lab.build("v2")[1], base="../x")
+
+
+def test_pruning_the_base_leaves_a_linked_release_complete_and_verified(lab):
+    r1, _ignored = lab.deploy("v1")
+    answer = lab.run(release=lab.build("v2")[0])
+    rid, delta = lab.build_delta("v2", answer["have"])
+    result = lab.run(release=rid, archive=delta, base=r1, keep=1)
+    assert result["linked_files"] == 2 and result["copied_files"] == 0 and result["pruned"] == [r1]
+    new = os.path.join(lab.root, "releases", rid)
+    assert not os.path.exists(os.path.join(lab.root, "releases", r1))
+    assert os.stat(os.path.join(new, "run.sh")).st_nlink == 1 and os.access(os.path.join(new, "run.sh"), os.X_OK)
+    assert rel.scan_tree(new, [rel.MARKER_NAME]).release_id == rid
+    q = lab.run(state="query", verify=True)
+    assert q["verified"] is True and q["mismatches"] == [] and q["current"] == rid
+
+
+def test_query_verify_finds_an_in_place_edit_shared_by_linked_releases(lab):
+    assert lab.run(state="query", verify=True)["verified"] is None  # nothing deployed yet
+    r1, _ignored = lab.deploy("v1")
+    q = lab.run(state="query")
+    assert "verified" not in q and "mismatches" not in q  # plain query reads no file
+    answer = lab.run(release=lab.build("v2")[0])
+    rid, delta = lab.build_delta("v2", answer["have"])
+    lab.run(release=rid, archive=delta, base=r1)
+    assert lab.run(state="query", verify=True)["verified"] is True
+    # the limit of hard links: editing a file of one release in place edits the other too
+    with open(os.path.join(lab.root, "releases", r1, "run.sh"), "a") as f:
+        f.write("# edited\n")
+    os.chmod(os.path.join(lab.root, "releases", rid, "pkg", "__init__.py"), 0o600)
+    with open(os.path.join(lab.root, "releases", rid, "extra.txt"), "w") as f:
+        f.write("x")
+    q = lab.run(state="query", verify=True)
+    assert q["verified"] is False and q["changed"] is False
+    assert q["mismatches"] == ["pkg/__init__.py: mode 0600, expected 0644",
+                               "run.sh: content differs from its recorded sha256",
+                               "extra.txt: not in the manifest"]
+    os.unlink(os.path.join(lab.root, "releases", rid, "trainer.py"))
+    assert "trainer.py: missing" in lab.run(state="query", verify=True)["mismatches"]
+    with pytest.raises(mod.ReleaseModuleError, match="only valid with state=query"):
+        lab.run(release=rid, verify=True)
