@@ -14,6 +14,7 @@ Every other call goes to the module unchanged.
 """
 from __future__ import annotations
 
+import base64
 import os
 import tempfile
 
@@ -33,6 +34,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release import (
 display = Display()
 
 MODULE = "dflash.trainer.trainer_release"
+# archives up to this size travel inside the module arguments (base64)
+INLINE_ARCHIVE_MAX = 1024 * 1024
+
 # keys of the module's needs_archive answer that never reach the task result
 _PROTOCOL_KEYS = ("needs_archive", "have")
 
@@ -42,7 +46,7 @@ class ActionModule(ActionBase):
     # The remote tmp dir is only needed to upload an archive; it is made lazily (_make_tmp_path)
     # then, so that a no-op release is a single pipelined module run.
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep"))
+    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep", "verify"))
 
     def run(self, tmp=None, task_vars=None):
         if task_vars is None:
@@ -148,6 +152,19 @@ class ActionModule(ActionBase):
         if built is None:
             return None
         local_archive, counts = built
+        if tree["archive_bytes"] <= INLINE_ARCHIVE_MAX:
+            # a small delta rides in the module's arguments: no temp dir, no put, no chmod
+            try:
+                with open(local_archive, "rb") as fh:
+                    inline = base64.b64encode(fh.read()).decode("ascii")
+            finally:
+                _unlink(local_archive)
+            display.vvv("trainer_release: sending %s archive of %d files inline, %d bytes"
+                        % ("a delta" if base else "the full", counts[0], tree["archive_bytes"]))
+            args = dict(module_args, archive_b64=inline)
+            if base is not None:
+                args["base"] = base
+            return self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars)
         try:
             if self._connection._shell.tmpdir is None:
                 self._make_tmp_path()

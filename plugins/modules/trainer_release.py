@@ -82,6 +82,11 @@ options:
       - With O(state=rollback) or O(state=mark_good), the release to switch to or to record instead
         of C(last_good) / C(current).
     type: str
+  archive_b64:
+    description:
+      - A small archive (a delta) inline, base64; the action plugin uses it instead of O(archive)
+        when the archive is at most 1 MiB, saving the remote temp dir and the transfer. Internal.
+    type: str
   archive:
     description:
       - Path B(on the target) of a tar.gz of the release, as built by the action plugin. Used only
@@ -287,6 +292,7 @@ archive_bytes:
   sample: 51234
 """
 
+import base64
 import datetime
 import errno
 import json
@@ -735,6 +741,31 @@ def _query(params, check_mode):
 STATES = {"present": _present, "rollback": _rollback, "mark_good": _mark_good, "query": _query}
 
 
+def _with_inline_archive(params, check_mode):
+    """archive_b64: a small archive that came inside the module's arguments (the action plugin
+    sends a delta of up to INLINE_ARCHIVE_MAX this way: no remote temp dir, no transfer round
+    trips). Written next to the releases, used as archive=, removed afterwards."""
+    if params.get("archive"):
+        raise ReleaseModuleError("archive and archive_b64 are mutually exclusive")
+    if check_mode:
+        return STATES["present"](dict(params, archive_b64=None, archive="(inline)"), check_mode)
+    try:
+        data = base64.b64decode(params["archive_b64"], validate=True)
+    except (TypeError, ValueError) as e:
+        raise ReleaseModuleError("archive_b64 is not valid base64: %s" % e)
+    os.makedirs(params["root"], mode=0o755, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=".upload-", suffix=".tar.gz", dir=params["root"])
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return STATES["present"](dict(params, archive_b64=None, archive=path), check_mode)
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def run(params, check_mode=False):
     """All of the module's behaviour, callable without Ansible. Raises ReleaseModuleError."""
     if params.get("src"):
@@ -745,6 +776,8 @@ def run(params, check_mode=False):
     params = dict(params, root=root)
     if params.get("verify") and (params.get("state") or "present") != "query":
         raise ReleaseModuleError("verify is only valid with state=query")
+    if params.get("archive_b64"):
+        return _with_inline_archive(params, check_mode)
     return STATES[params.get("state") or "present"](params, check_mode)
 
 
@@ -757,12 +790,13 @@ def main():
             excludes=dict(type="list", elements="str", default=list(DEFAULT_EXCLUDES)),
             release=dict(type="str"),
             archive=dict(type="path"),
+            archive_b64=dict(type="str", no_log=True),
             base=dict(type="str"),
             keep=dict(type="int", default=5),
             verify=dict(type="bool", default=False),
         ),
         required_if=[("state", "present", ("release", "src"), True)],
-        mutually_exclusive=[("src", "release"), ("src", "archive"), ("src", "base")],
+        mutually_exclusive=[("src", "release"), ("src", "archive"), ("src", "base"), ("archive", "archive_b64")],
         supports_check_mode=True,
     )
     try:

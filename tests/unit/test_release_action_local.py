@@ -122,7 +122,8 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     assert r1["changed"] is True and r1["transferred"] is True and r1["switched"] is True
     assert r1["file_count"] == 22 and r1["bytes"] > 0 and r1["archive_bytes"] > 0
     assert "needs_archive" not in r1
-    assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
+    # a small archive (< 1 MiB) rides inside the module arguments: no transfer round trips
+    assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 0
     current = root / "current"
     assert os.readlink(current) == "releases/" + r1["release"]
     assert os.access(current / "run.sh", os.X_OK)
@@ -155,7 +156,7 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     old_release = root / "releases" / r1["release"]
     assert os.stat(root / "current" / "pkg" / "m07.py").st_ino == os.stat(old_release / "pkg" / "m07.py").st_ino
     assert r3["archive_bytes"] > 0 and "have" not in r3 and "needs_archive" not in r3
-    assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
+    assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 0
     assert (root / "current" / "trainer.py").read_text() == "print('step=2')\n"
     assert os.access(root / "current" / "run.sh", os.X_OK)
     assert tree_of(root / "current") == tree_of(src)
@@ -177,7 +178,7 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     assert r5["changed"] is True and r5["delta"] is False and r5["sent_files"] == 22
     assert r5["linked_files"] == 0 and r5["copied_files"] == 0
     assert "does not match its recorded sha256" in r5["delta_fallback"]
-    assert module_runs(proc.stdout) == 3 and archive_puts(proc.stdout) == 2
+    assert module_runs(proc.stdout) == 3 and archive_puts(proc.stdout) == 0
     assert tree_of(root / "current") == tree_of(src)
 
 
@@ -191,3 +192,17 @@ def test_missing_src_fails_before_touching_target(tmp_path, python_ok):
     proc, _ignored = play(tmp_path, tmp_path / "afile", root)
     assert proc.returncode != 0 and "is not a directory" in proc.stdout
     assert not root.exists()
+
+
+def test_large_archive_goes_through_one_transfer(tmp_path, python_ok):
+    """Over INLINE_ARCHIVE_MAX the archive is uploaded once into the remote tmp dir, then removed."""
+    src, root = tmp_path / "src", tmp_path / "root"
+    make_src(str(src))
+    (src / "weights.bin").write_bytes(os.urandom(3 * 1024 * 1024))  # incompressible: > 1 MiB archive
+    proc, r1 = play(tmp_path, src, root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r1["transferred"] is True and r1["archive_bytes"] > 1024 * 1024
+    assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
+    assert tree_of(root / "current") == tree_of(src)
+    remote_tmp = tmp_path / "ansible-remote"
+    assert not remote_tmp.exists() or not any(remote_tmp.iterdir())

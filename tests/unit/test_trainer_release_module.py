@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import base64
 import os
 import stat
 import subprocess
@@ -434,3 +435,24 @@ def test_query_verify_finds_an_in_place_edit_shared_by_linked_releases(lab):
     assert "trainer.py: missing" in lab.run(state="query", verify=True)["mismatches"]
     with pytest.raises(mod.ReleaseModuleError, match="only valid with state=query"):
         lab.run(release=rid, verify=True)
+
+
+def test_inline_archive_installs_and_leaves_no_upload_behind(lab):
+    rid, archive = lab.build("v1")
+    with open(archive, "rb") as fh:
+        inline = base64.b64encode(fh.read()).decode("ascii")
+    result = lab.run(release=rid, archive_b64=inline)
+    assert result["transferred"] is True and lab.current() == "releases/" + rid
+    assert not [n for n in os.listdir(lab.root) if n.startswith(".upload-")]
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"archive_b64": "not base64!"}, "archive_b64 is not valid base64"),
+    ({"archive_b64": "AAAA", "archive": "/x.tar.gz"}, "mutually exclusive"),
+])
+def test_inline_archive_refusals(lab, extra, message):
+    rid, _archive = lab.build("v1")
+    with pytest.raises(mod.ReleaseModuleError) as err:
+        lab.run(release=rid, **extra)
+    assert message in err.value.msg
+    assert not os.path.exists(os.path.join(lab.root, "current"))
