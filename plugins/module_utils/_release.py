@@ -550,7 +550,8 @@ def extraction_owner(dest):
     return os.geteuid(), gid
 
 
-def _hash_fd(f):
+def _hash_fd(f, out=None):
+    """(sha256 hex, size) of what is read from f, copying it to out when given."""
     sha = hashlib.sha256()
     size = 0
     while True:
@@ -559,6 +560,8 @@ def _hash_fd(f):
             break
         sha.update(chunk)
         size += len(chunk)
+        if out is not None:
+            out.write(chunk)
     return sha.hexdigest(), size
 
 
@@ -614,22 +617,14 @@ def _materialise(src, target, entry, owner):
                                            % (src, entry.relpath))
                 return Entry(entry.relpath, KIND_FILE, entry.mode, size, digest), True
             f.seek(0)
-        sha = hashlib.sha256()
-        size = 0
         with _create_file(target, entry.relpath) as out:
-            while True:
-                chunk = f.read(_CHUNK)
-                if not chunk:
-                    break
-                sha.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
-            if sha.hexdigest() != entry.payload:
-                raise _mismatch(src, entry, sha.hexdigest())
+            digest, size = _hash_fd(f, out)
+            if digest != entry.payload:
+                raise _mismatch(src, entry, digest)
             out.flush()
             os.fchmod(out.fileno(), want_mode)
             os.fsync(out.fileno())
-    return Entry(entry.relpath, KIND_FILE, entry.mode, size, sha.hexdigest()), False
+    return Entry(entry.relpath, KIND_FILE, entry.mode, size, digest), False
 
 
 def _looks_linkable(src, entry, owner):
