@@ -40,9 +40,11 @@ options:
     default: 3600
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: Reports what it would do; takes or releases nothing.
+    details: Takes or releases nothing in check mode.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 """
 
