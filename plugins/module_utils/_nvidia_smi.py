@@ -340,6 +340,14 @@ def not_found_message(name):
     return "nvidia-smi not found: %s (no NVIDIA driver/utilities on this host?)" % name
 
 
+def require(module, name):
+    """Path of the nvidia-smi to run, or fail the module saying it is missing."""
+    path = locate(name, module.get_bin_path)
+    if path is None:
+        module.fail_json(msg=not_found_message(name))
+    return path
+
+
 def read_gpus(run, nvidia_smi="nvidia-smi", processes=True):
     """One ``--query-gpu`` (+ one ``--query-compute-apps``) call through ``run(argv) -> (rc,
     out, err)``. Returns (gpus with ``processes``, warnings). Raises NvidiaSmiError with the

@@ -98,9 +98,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
-    locate,
-    not_found_message,
     read_gpus,
+    require,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import DrainJudge
 
@@ -120,9 +119,7 @@ def main():
     p = module.params
     if p["consecutive"] < 1 or p["interval_s"] < 0 or p["timeout_s"] < 0:
         module.fail_json(msg="consecutive must be >= 1, interval_s and timeout_s >= 0")
-    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
-    if nvidia_smi is None:
-        module.fail_json(msg=not_found_message(p["nvidia_smi"]))
+    nvidia_smi = require(module, p["nvidia_smi"])
 
     judge = DrainJudge(max_mib=p["max_mib"], consecutive=p["consecutive"], timeout_s=p["timeout_s"],
                        gpus=p["gpus"], start=time.monotonic())

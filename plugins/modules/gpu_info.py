@@ -117,9 +117,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     index_ranges,
-    locate,
-    not_found_message,
     read_gpus,
+    require,
     select,
     summarize,
 )
@@ -133,9 +132,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    nvidia_smi = locate(module.params["nvidia_smi"], module.get_bin_path)
-    if nvidia_smi is None:
-        module.fail_json(msg=not_found_message(module.params["nvidia_smi"]))
+    nvidia_smi = require(module, module.params["nvidia_smi"])
     try:
         gpus, warnings = read_gpus(module.run_command, nvidia_smi)
     except NvidiaSmiError as e:

@@ -216,10 +216,9 @@ from ansible.module_utils.common.text.converters import to_native
 
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
-    locate,
     memory_by_index,
-    not_found_message,
     read_gpus,
+    require,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     FAILED,
@@ -347,9 +346,7 @@ def main():
             module.fail_json(msg="invalid error_regexes entry %r: %s" % (rx, e))
 
     systemctl = module.get_bin_path("systemctl", required=True)
-    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
-    if nvidia_smi is None:
-        module.fail_json(msg=not_found_message(p["nvidia_smi"]))
+    nvidia_smi = require(module, p["nvidia_smi"])
 
     follower = StartLog(p["invocation_id"], ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
