@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from waiting import poll
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKEGPU_DIR = os.path.join(ROOT, "lab", "fakegpu")
@@ -18,15 +19,6 @@ import fakegpu  # noqa: E402
 UUID0 = "GPU-d989e0ca-ef15-96e4-6f8d-4ea2f0928e5d"  # seed "lab", index 0: must never change
 
 
-def poll(predicate, timeout=5.0, interval=0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.1f s" % timeout)
-        time.sleep(interval)
 
 
 @pytest.fixture
@@ -111,7 +103,7 @@ def test_exited_but_unreaped_holder_counts_as_dead(state, holder):
     proc = holder()
     fakegpu.allocate(0, 5000, pid=proc.pid)
     proc.kill()  # not waited for: a zombie until reaped
-    poll(lambda: used(0) == 0)
+    poll(lambda: used(0) == 0, timeout=5.0)
     proc.wait()
 
 
@@ -229,7 +221,7 @@ def test_cli_config_alloc_hold_show_free(state):
     proc = subprocess.Popen([sys.executable, "-m", "fakegpu", "alloc", "--gpu", "1,2",
                              "--mib", "400", "--hold"], env=env, stdout=subprocess.DEVNULL)
     try:
-        poll(lambda: used(2) == 400)
+        poll(lambda: used(2) == 400, timeout=5.0)
         assert fakegpu.snapshot()[1]["processes"][0]["pid"] == proc.pid
         show = subprocess.run([sys.executable, "-m", "fakegpu", "show", "--json"], env=env,
                               capture_output=True, text=True, check=True).stdout

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from waiting import poll
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKEGPU_DIR = os.path.join(ROOT, "lab", "fakegpu")
@@ -22,15 +23,6 @@ PROGRESS = re.compile(
 TARGET, DRAFTER = [0, 1, 2, 3, 4], [5, 6, 7]
 
 
-def poll(predicate, timeout=10.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("%s not met within %.1f s" % (what, timeout))
-        time.sleep(interval)
 
 
 def holds(predicate, seconds, interval=0.05):
