@@ -19,8 +19,6 @@ import fakegpu  # noqa: E402
 UUID0 = "GPU-d989e0ca-ef15-96e4-6f8d-4ea2f0928e5d"  # seed "lab", index 0: must never change
 
 
-
-
 @pytest.fixture
 def state(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKEGPU_STATE_DIR", str(tmp_path))

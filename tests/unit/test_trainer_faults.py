@@ -23,8 +23,6 @@ PROGRESS = re.compile(
 TARGET, DRAFTER = [0, 1, 2, 3, 4], [5, 6, 7]
 
 
-
-
 def holds(predicate, seconds, interval=0.05):
     """Observe for ``seconds`` that ``predicate`` stays true (an absence check, not a sync)."""
     deadline = time.monotonic() + seconds
