@@ -30,6 +30,9 @@ PENDING = "pending"
 READY = "ready"
 FAILED = "failed"
 
+DEFAULT_HOLD_S = 10.0
+DEFAULT_STALL_S = 5.0
+
 
 def fmt_s(seconds):
     """0.6 -> "0.6", 120.0 -> "120", 15.34 -> "15"."""
@@ -74,12 +77,25 @@ class Expectations:
     n_restarts: int = 0
     gpus: list = None          # None: every GPU in the snapshot
     min_mib: int = 1024
-    min_steps: int = 2         # 0 disables the step checks (count, increase, stall)
-    hold_s: float = 10.0
-    stall_s: float = 15.0
+    min_steps: int = 2         # 0 disables the step checks (count, increase, stall, GPU left behind)
+    hold_s: float = DEFAULT_HOLD_S
+    stall_s: float = DEFAULT_STALL_S
     timeout_s: float = 300.0
     tail_lines: int = 20
     ready_regex: str = DEFAULT_READY_REGEX
+
+
+def window_problem(hold_s, stall_s):
+    """Why ``hold_s`` / ``stall_s`` cannot prove progress, in words; None when they can.
+
+    A stall window longer than the hold would let a trainer stop at the start of the hold and
+    still count as held."""
+    if stall_s is None or not stall_s > 0:
+        return "stall_s (%s) must be greater than 0 s" % stall_s
+    if hold_s is None or not stall_s <= hold_s:
+        return ("stall_s (%s s) is longer than hold_s (%s s): progress could stop for the whole hold "
+                "and still count as held; set stall_s no longer than hold_s" % (fmt_s(stall_s), fmt_s(hold_s)))
+    return None
 
 
 def expected_gpus(expect, gpus_mib):
@@ -142,20 +158,43 @@ def death_words(props, log):
 class Judge(object):
     """Readiness of one trainer start.
 
-    FAILED at once: unit not active/running; a restart (NRestarts above the baseline, or a new
-    InvocationID); an error pattern in this start's log; the step counter stalled for longer
-    than ``stall_s`` during the hold window. READY when every condition (see
-    ``missing_conditions``) held continuously for ``hold_s`` and the step counter increased in
-    that window. FAILED at ``timeout_s`` after the first observation, naming what was missing.
+    Progress is the step counter (the highest step value in this start's log) rising between two
+    observations; its clock runs once the log shows ``min_steps`` increasing step values
+    (``min_steps`` 0 turns progress, and with it the rules that need it, off).
+
+    FAILED at once, for what cannot improve by waiting:
+      - the unit is not active/running, or it restarted (NRestarts above the baseline, a new
+        InvocationID);
+      - an error pattern in this start's log; an expected GPU that nvidia-smi does not report;
+      - a stall: an observation without a rise more than ``stall_s`` after the last rise
+        ("no progress for 6.2 s (last step=5)");
+      - a GPU left behind: the trainer has made progress for ``stall_s`` since its first step
+        and an expected GPU stayed below ``min_mib`` on every observation of that time
+        ("GPU 7 holds 100 MiB while the trainer is at step 40 ...").
+    READY when every condition (see ``missing_conditions``) held on every observation for
+    ``hold_s`` and progress held through that window: the step counter rose after the window
+    began, and no gap between rises, nor the one from the last rise to the verdict, exceeded
+    ``stall_s``. A rise seen more than ``stall_s`` after the previous one with no observation in
+    between (a poll that came late) proves neither a stall nor progress: the window starts again.
+    FAILED at ``timeout_s`` after the first observation, naming what was missing: the deadline
+    is for what can still change (a slow start, GPUs allocated before the first step).
+
+    ``stall_s`` longer than ``hold_s`` is refused (ValueError, see ``window_problem``).
     """
 
     def __init__(self, expect, start=None):
+        problem = window_problem(expect.hold_s, expect.stall_s)
+        if problem:
+            raise ValueError(problem)
         self.expect = expect
         self.start = start
         self.hold_since = None
         self.hold_step = None
         self.progress_step = None
         self.progress_at = None
+        self.first_step_at = None
+        self.progress_clock = False
+        self.low_since = {}
         self.observations = 0
 
     # -- clock ---------------------------------------------------------------------------------
@@ -192,6 +231,45 @@ class Judge(object):
         details = self._details(snap, missing)
         details["reason"] = reason
         return Verdict(FAILED, reason, details)
+
+    def _progress(self, snap, log, has_log):
+        """Update the progress clock; returns (step, stalled_s or None, window broken)."""
+        expect = self.expect
+        step = log.max_step if has_log else None
+        clock_was_running = self.progress_clock
+        self.progress_clock = expect.min_steps > 0 and has_log and log.n_steps >= expect.min_steps
+        if step is not None and (self.progress_step is None or step > self.progress_step):
+            gap = None if self.progress_at is None else snap.now - self.progress_at
+            if self.first_step_at is None:
+                self.first_step_at = snap.now
+            self.progress_step = step
+            self.progress_at = snap.now
+            return step, None, clock_was_running and gap is not None and gap > expect.stall_s
+        if self.progress_clock and self.progress_at is not None:
+            stalled = snap.now - self.progress_at
+            if stalled > expect.stall_s:
+                return step, stalled, False
+        return step, None, False
+
+    def _gpus_left_behind(self, snap, indexes, step):
+        """[(index, MiB, seconds)] for expected GPUs below min_mib on every observation of the
+        last ``stall_s`` seconds of progress (only while the step counter advances)."""
+        expect = self.expect
+        for i in indexes:
+            mib = snap.gpus_mib.get(i)
+            if mib is not None and mib < expect.min_mib:
+                self.low_since.setdefault(i, snap.now)
+            else:
+                self.low_since.pop(i, None)
+        if not self.progress_clock or step is None or snap.log.n_steps < 2:
+            return []      # no progress (yet): a late allocation can still come; the deadline judges
+        behind = []
+        for i in indexes:
+            if i in self.low_since:
+                low_s = snap.now - max(self.low_since[i], self.first_step_at)
+                if low_s >= expect.stall_s:
+                    behind.append((i, snap.gpus_mib[i], low_s))
+        return behind
 
     def observe(self, snap):
         if self.start is None:
@@ -230,33 +308,35 @@ class Judge(object):
             return self._fail(snap, "%s not reported by nvidia-smi (it reports %s)" % (
                 fmt_gpu_list(absent), index_ranges(snap.gpus_mib) or "none"))
 
-        # 4. progress clock (the highest step seen, whenever it rose)
-        step = log.max_step if has_log else None
-        if step is not None and (self.progress_step is None or step > self.progress_step):
-            self.progress_step = step
-            self.progress_at = snap.now
+        # 4. progress: a stall fails; a late poll restarts the window
+        step, stalled, window_broken = self._progress(snap, log, has_log)
+        if stalled is not None:
+            return self._fail(snap, "no progress for %s s (last step=%s)" % (fmt_s(stalled), step))
 
-        # 5. the hold window
+        # 5. a GPU still below min_mib while the trainer makes progress will not fill by waiting
+        behind = self._gpus_left_behind(snap, indexes, step)
+        if behind:
+            return self._fail(snap, "%s while the trainer is at step %s (below %d MiB through %s s of progress)" % (
+                ", ".join("GPU %s holds %s MiB" % (i, mib) for i, mib, _s in behind), step,
+                expect.min_mib, fmt_s(min(s for _i, _mib, s in behind))))
+
+        # 6. the hold window
         missing = missing_conditions(expect, snap)
         if missing:
             self.hold_since = None
             self.hold_step = None
         else:
-            if self.hold_since is None:
+            if self.hold_since is None or window_broken:
                 self.hold_since = snap.now
                 self.hold_step = step
-            if expect.min_steps > 0 and self.progress_at is not None:
-                stalled = snap.now - self.progress_at
-                if stalled > expect.stall_s:
-                    return self._fail(snap, "no progress for %s s (last step=%s)" % (
-                        fmt_s(stalled), step))
             held = snap.now - self.hold_since
-            increased = expect.min_steps <= 0 or (
-                step is not None and self.hold_step is not None and step > self.hold_step)
-            if held >= expect.hold_s and increased:
+            progressed = expect.min_steps <= 0 or (
+                step is not None and self.hold_step is not None and step > self.hold_step
+                and snap.now - self.progress_at <= expect.stall_s)
+            if held >= expect.hold_s and progressed:
                 return self._ready(snap)
 
-        # 6. the deadline
+        # 7. the deadline
         if snap.now - self.start >= expect.timeout_s:
             if not missing:
                 held = snap.now - self.hold_since

@@ -22,14 +22,31 @@ description:
     Fails at once when the unit is not active/running (for example
     C(trainer exited with status 1 after 0.6 s: ModuleNotFoundError: No module named 'flash_attn')),
     when it restarted (NRestarts above O(n_restarts) or a new InvocationID), when an error pattern
-    appears in this start's log, or when the step counter stops rising for more than O(stall_s)
-    during the hold window.
-  - Ready when, continuously for O(hold_s) seconds, the unit runs with O(invocation_id), every GPU in
-    O(gpus) uses at least O(min_mib) MiB, this start's log has a line matching O(ready_regex) and at
-    least O(min_steps) increasing step values, and the step counter rose within the window.
+    appears in this start's log, or when an expected GPU is not reported by nvidia-smi.
+  - >-
+    Once this start's log shows O(min_steps) increasing step values, the step counter must keep
+    rising: a poll more than O(stall_s) seconds after its last rise fails with
+    C(no progress for 6.2 s (last step=5)), in the hold window or before it.
+  - >-
+    A GPU left behind fails at once too: when the trainer has made progress for O(stall_s) seconds
+    since its first step and an expected GPU stayed below O(min_mib) all that time, for example
+    C(GPU 7 holds 100 MiB while the trainer is at step 40 (below 1024 MiB through 5 s of progress)).
+    GPUs that fill before the first step, however late, are left to O(timeout_s).
+  - >-
+    Ready when, on every poll for O(hold_s) seconds, the unit runs with O(invocation_id), every GPU
+    in O(gpus) uses at least O(min_mib) MiB, this start's log has a line matching O(ready_regex) and
+    at least O(min_steps) increasing step values, and the trainer kept progressing through that
+    window: the step counter rose after the window began and no gap between rises, including the
+    one from the last rise to the verdict, exceeded O(stall_s). A rise first seen more than
+    O(stall_s) after the previous one, with no poll in between (a late poll), starts the window
+    again.
   - >-
     Fails at O(timeout_s) naming what was still missing, for example
     C(not ready after 120 s: GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB)).
+  - >-
+    For a trainer that logs a step every N seconds, set O(stall_s) to about 2N + O(interval_s) + 2
+    (5 for N=1; longer if it pauses early, for example to save a checkpoint) and O(hold_s) to at
+    least O(stall_s) (refused otherwise), preferably twice it.
 options:
   unit:
     description: The trainer's systemd unit.
@@ -77,13 +94,17 @@ options:
     type: int
     default: 2
   hold_s:
-    description: Seconds all conditions must hold without a break.
+    description: Seconds all conditions, and progress, must hold without a break.
     type: float
     default: 10
   stall_s:
-    description: Fail when the step counter has not risen for longer than this during the hold window.
+    description:
+      - Longest gap between two rises of the step counter (and from the last rise to the verdict).
+        Fail when the step counter has not risen for longer than this; also the progress a GPU
+        below O(min_mib) may lag behind before the task fails naming it.
+      - Must not be longer than O(hold_s).
     type: float
-    default: 15
+    default: 5
   timeout_s:
     description: Seconds to wait for readiness before failing.
     type: float
@@ -220,12 +241,16 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
     read_gpus,
     require,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     FAILED,
     READY,
+    DEFAULT_HOLD_S,
+    DEFAULT_STALL_S,
     Expectations,
     Judge,
     Snapshot,
+    window_problem,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     is_running,
@@ -284,7 +309,7 @@ def failure_msg(reason, tail, tail_lines):
 ERROR_EXIT_GRACE_S = 1.0
 
 
-def settle_error_verdict(module, show, reader, follower, judge, gpus, verdict):
+def settle_error_verdict(run, show, reader, follower, judge, gpus, verdict):
     """An error line usually comes a few milliseconds before the process exits. Give it up to
     ERROR_EXIT_GRACE_S so that the verdict carries the exit status ("exited with status 1 after
     3.2 s: RuntimeError: ...") rather than the line alone; a trainer that keeps running after its
@@ -292,7 +317,7 @@ def settle_error_verdict(module, show, reader, follower, judge, gpus, verdict):
     deadline = time.monotonic() + ERROR_EXIT_GRACE_S
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        rc, out, _err = module.run_command(show)
+        rc, out, _err = run.or_fail(show)
         props = parse_show(out) if rc == 0 else {}
         if props and not is_running(props):
             reader.poll()
@@ -316,8 +341,8 @@ def main():
             tokps_regex=dict(type="str", default=DEFAULT_TOKPS_REGEX),
             error_regexes=dict(type="list", elements="str", default=list(DEFAULT_ERROR_REGEXES)),
             min_steps=dict(type="int", default=2),
-            hold_s=dict(type="float", default=10.0),
-            stall_s=dict(type="float", default=15.0),
+            hold_s=dict(type="float", default=DEFAULT_HOLD_S),
+            stall_s=dict(type="float", default=DEFAULT_STALL_S),
             timeout_s=dict(type="float", default=300.0),
             interval_s=dict(type="float", default=1.0),
             tail_lines=dict(type="int", default=20),
@@ -326,6 +351,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    problem = window_problem(p["hold_s"], p["stall_s"])
+    if problem:
+        module.fail_json(msg=problem)
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, ready=None,
                          msg="check mode: nothing was started, readiness not judged")
@@ -356,17 +384,21 @@ def main():
         invocation_id=p["invocation_id"], n_restarts=p["n_restarts"], gpus=p["gpus"],
         min_mib=p["min_mib"], min_steps=p["min_steps"], hold_s=p["hold_s"], stall_s=p["stall_s"],
         timeout_s=p["timeout_s"], tail_lines=p["tail_lines"], ready_regex=p["ready_regex"])
-    judge = Judge(expect, start=time.monotonic())
+    start = time.monotonic()
+    judge = Judge(expect, start=start)
     show = show_argv(p["unit"], systemctl=systemctl)
+    # every command is bounded (30 s, and the time left until timeout_s): a hung nvidia-smi or
+    # systemctl fails the proof saying so instead of blocking the task
+    run = ModuleRunner(module, deadline=start + p["timeout_s"])
 
     while True:
         # unit first, log last: the log is then at least as fresh as the unit state
-        rc, out, err = module.run_command(show)
+        rc, out, err = run.or_fail(show)
         if rc != 0:
             module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
         props = parse_show(out)
         try:
-            gpus, _warnings = read_gpus(module.run_command, nvidia_smi, processes=False)
+            gpus, _warnings = read_gpus(run, nvidia_smi, processes=False)
         except NvidiaSmiError as e:
             module.fail_json(msg=str(e), reason=str(e), log_tail=follower.analysis.tail(p["tail_lines"]))
         try:
@@ -380,7 +412,7 @@ def main():
         if verdict.state == READY:
             module.exit_json(changed=False, ready=True, proof=verdict.details, msg=verdict.reason)
         if verdict.state == FAILED and is_running(props) and follower.analysis.errors:
-            verdict = settle_error_verdict(module, show, reader, follower, judge, gpus, verdict)
+            verdict = settle_error_verdict(run, show, reader, follower, judge, gpus, verdict)
         if verdict.state == FAILED:
             details = dict(verdict.details)
             tail = details.get("log_tail") or []

@@ -199,17 +199,13 @@ def test_hang_fails_at_deadline_naming_everything():
     assert v.details["missing"][0].startswith("GPUs 0, 1")
 
 
-def test_partial_gpus_fail_at_deadline_naming_gpus():
-    sim = Sim()
+def test_partial_gpus_without_progress_fail_at_deadline_naming_gpus():
+    sim = Sim().say("loading model", "ready: target=5 drafter=3 gpus")   # allocated 0-4, no steps
 
-    def world(t, sim):
-        sim.say("step=%d loss=2.0" % (t + 1))      # progress but no tok/s line
-        return None, gpus(HELD) | {5: 0, 6: 0, 7: 0}
-
-    t, v = run_until_done(judge(), sim, 200, world)
+    t, v = run_until_done(judge(), sim, 200, lambda t, s: (None, gpus(HELD) | {5: 0, 6: 0, 7: 0}))
     assert t == 120
     assert v.reason == ("not ready after 120 s: GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB); "
-                        "no line matching 'tok/s' in this start's log")
+                        "no line matching 'tok/s' in this start's log; no step values in this start's log")
 
 
 def test_stale_ready_line_from_earlier_invocation_does_not_count():
@@ -274,7 +270,7 @@ def test_happy_path_ready_exactly_after_hold():
 
 def test_not_ready_one_tick_before_hold():
     sim = Sim().say(progress(1), progress(2))
-    j = judge(hold_s=10)
+    j = judge(hold_s=10, stall_s=10)     # polls 10 s apart: rises 9.99 s apart are within the window
     assert j.observe(sim.snap(0)).state == rd.PENDING     # hold starts at t=0
     sim.say(progress(3))
     assert j.observe(sim.snap(9.99)).state == rd.PENDING
@@ -283,16 +279,34 @@ def test_not_ready_one_tick_before_hold():
     assert v.state == rd.READY and v.details["seconds_to_ready"] == 10.0
 
 
-def test_late_alloc_becomes_ready():
+def test_late_alloc_before_any_progress_waits_then_ready():
+    sim = Sim().say("loading model")
+    seen = []
+
+    def world(t, sim):
+        if t >= 30:
+            sim.say(progress(t - 29))              # steps only once every GPU holds memory
+        return None, gpus(HELD) if t >= 30 else gpus(HELD) | {5: 0, 6: 0, 7: 0}
+
+    j = judge(hold_s=10, stall_s=5)
+    for t in range(0, 30):
+        seen.append(j.observe(sim.snap(t, *world(t, sim))).state)
+    assert set(seen) == {rd.PENDING}                # 30 s with GPUs 5-7 empty: not failed early
+    t, v = run_until_done(j, sim, 200, lambda t, s: world(t + 30, s))
+    # step 1 at t=30, step 2 at t=31: the hold runs from t=31, ready at t=41
+    assert (t + 30, v.state) == (41, rd.READY)
+    assert v.details["gpus_mib"][7] == HELD
+
+
+def test_allocation_within_the_stall_window_of_progress_is_not_left_behind():
     sim = Sim()
 
     def world(t, sim):
         sim.say(progress(t + 1))
-        return None, gpus(HELD) if t >= 30 else gpus(HELD) | {5: 0, 6: 0, 7: 0}
+        return None, gpus(HELD) if t >= 4 else gpus(HELD) | {7: 0}   # GPU 7 fills 4 s into progress
 
-    t, v = run_until_done(judge(hold_s=10), sim, 200, world)
-    assert (t, v.state) == (40, rd.READY)
-    assert v.details["gpus_mib"][7] == HELD
+    t, v = run_until_done(judge(hold_s=10, stall_s=5), sim, 200, world)
+    assert (t, v.state) == (14, rd.READY)
 
 
 def test_hold_resets_when_a_condition_drops():
@@ -308,7 +322,7 @@ def test_hold_resets_when_a_condition_drops():
 
 def test_selected_gpus_only():
     sim = Sim().say(progress(1), progress(2))
-    j = judge(gpus=[0, 1], hold_s=0)
+    j = judge(gpus=[0, 1], hold_s=1, stall_s=1)
     sim.say(progress(3))
     j.observe(sim.snap(0, gpus_mib=gpus(0) | {0: HELD, 1: HELD}))
     sim.say(progress(4))
@@ -333,6 +347,239 @@ def test_next_wait_lands_on_deadline():
 
 def test_fmt_s():
     assert [rd.fmt_s(x) for x in (0.6, 120.0, 15.34, 7, None)] == ["0.6", "120", "15", "7", "?"]
+
+
+# ---------------------------------------------------------------------------------------------
+# progress through the hold (issue 7.1): held = the step counter kept rising through the window
+
+def run_polls(j, sim, times, world):
+    """Observe at each time in ``times``; ``world(t, sim)`` changes the world first and returns
+    (unit props, gpus) or None. Returns [(t, verdict)] up to and including the first verdict."""
+    seen = []
+    for t in times:
+        state = world(t, sim) or (None, None)
+        v = j.observe(sim.snap(t, *state))
+        seen.append((t, v))
+        if v.done:
+            break
+    return seen
+
+
+def ticks(step, end):
+    n = int(round(end / step))
+    return [round(i * step, 3) for i in range(n + 1)]
+
+
+@pytest.mark.parametrize("interval", [1.0, 0.1, 1.7])
+def test_progress_stopping_at_the_start_of_the_hold_fails_and_is_never_ready(interval):
+    # The false ready of issue 7: steps 1..5 (hold from step 2), then silence while the unit
+    # runs and the GPUs stay full. With the default windows: must fail, never READY.
+    sim = Sim()
+    rises = []
+
+    def world(t, sim):
+        n = sim.log.analysis.n_steps
+        while n < 5 and n <= t:                 # step n+1 is printed at t=n
+            n += 1
+            sim.say(progress(n))
+            rises.append(t)
+        return None, None
+
+    seen = run_polls(rd.Judge(rd.Expectations(invocation_id=INV)), sim, ticks(interval, 60), world)
+    t, v = seen[-1]
+    assert rd.READY not in [v.state for _t, v in seen]
+    assert v.state == rd.FAILED
+    assert v.reason.startswith("no progress for ") and v.reason.endswith(" s (last step=5)")
+    assert rises[-1] + 5 < t <= rises[-1] + 5 + interval      # within one poll of the stall window
+    assert float(v.reason.split()[3]) == pytest.approx(t - rises[-1], abs=0.1)
+
+
+def test_the_gap_to_the_verdict_counts():
+    # Steps until t=5 (step 6); the hold (from t=1) would pass at t=11, six seconds after the last
+    # rise: a stall of 6 s > 5 s, so t=11 fails instead of READY.
+    sim = Sim()
+
+    def world(t, sim):
+        if t <= 5:
+            sim.say(progress(t + 1))
+        return None, None
+
+    seen = run_polls(judge(hold_s=10, stall_s=5), sim, ticks(1, 60), world)
+    assert [v.state for _t, v in seen[:-1]] == [rd.PENDING] * 11
+    assert (seen[-1][0], seen[-1][1].reason) == (11, "no progress for 6 s (last step=6)")
+
+
+def test_progress_ending_exactly_one_stall_window_before_the_verdict_is_ready():
+    # The boundary of the same rule: last rise at t=6, verdict at t=11, gap 5 s = stall_s.
+    sim = Sim()
+
+    def world(t, sim):
+        if t <= 6:
+            sim.say(progress(t + 1))
+        return None, None
+
+    seen = run_polls(judge(hold_s=10, stall_s=5), sim, ticks(1, 60), world)
+    assert (seen[-1][0], seen[-1][1].state, seen[-1][1].details["step"]) == (11, rd.READY, 7)
+
+
+def test_a_late_poll_restarts_the_window_instead_of_counting_it():
+    # Polls at 0, 1, 2 then none until 9: the rise seen at 9 is 7 s after the last one and
+    # nothing in between shows whether the trainer stalled. Not READY at 11; the window
+    # restarts at 9 and passes at 19.
+    sim = Sim()
+
+    def world(t, sim):
+        sim.say(progress(int(t) + 1))
+        return None, None
+
+    j = judge(hold_s=10, stall_s=5)
+    seen = run_polls(j, sim, [0, 1, 2] + list(range(9, 40)), world)
+    assert [(t, v.state) for t, v in seen if v.done] == [(19, rd.READY)]
+    assert j.hold_since == 9
+
+
+def test_stall_before_the_hold_fails_too():
+    # Steps without a tok/s line (no hold window yet), then silence: a stall is a stall.
+    sim = Sim()
+
+    def world(t, sim):
+        if t <= 2:
+            sim.say("step=%d loss=2.0" % (t + 1))
+        return None, None
+
+    seen = run_polls(judge(hold_s=10, stall_s=5), sim, ticks(1, 60), world)
+    assert (seen[-1][0], seen[-1][1].reason) == (8, "no progress for 6 s (last step=3)")
+
+
+def test_slow_warm_up_before_min_steps_is_not_a_stall():
+    # min_steps 3: a 30 s compile between step 1 and step 2 is warm-up, judged by the deadline.
+    sim = Sim()
+
+    def world(t, sim):
+        if t in (0, 30, 31, 32) or t > 32:
+            sim.say(progress(t + 1))
+        return None, None
+
+    t, v = run_until_done(judge(hold_s=10, stall_s=5, min_steps=3), sim, 200, world)
+    assert (t, v.state) == (41, rd.READY)      # 3 steps at t=31, held to 41
+
+
+@pytest.mark.parametrize("period,interval", [(1.0, 1.0), (1.0, 1.15), (2.0, 1.0)])
+def test_healthy_trainer_ready_after_hold_with_the_step_increasing(period, interval):
+    # A trainer reporting every ``period`` s, polled every ``interval`` s, with the defaults.
+    sim = Sim()
+    expect = rd.Expectations(invocation_id=INV)
+    assert (expect.hold_s, expect.stall_s) == (10, 5)
+
+    def world(t, sim):
+        while (sim.log.analysis.n_steps or 0) * period <= t:
+            sim.say(progress(sim.log.analysis.n_steps + 1))
+        return None, None
+
+    j = rd.Judge(expect)
+    seen = run_polls(j, sim, ticks(interval, 60), world)
+    t, v = seen[-1]
+    assert v.state == rd.READY
+    assert t - j.hold_since >= 10
+    assert v.details["step"] > j.hold_step
+    assert rd.FAILED not in [v.state for _t, v in seen]
+
+
+# ---------------------------------------------------------------------------------------------
+# verdicts when they are clear (issue 7.2): a GPU left behind while the trainer progresses
+
+def test_gpu_left_behind_while_steps_advance_fails_within_the_stall_window():
+    sim = Sim()
+
+    def world(t, sim):
+        sim.say(progress(t + 35))                  # the trainer is already at step 35 at t=0
+        return None, gpus(HELD) | {7: 100}
+
+    t, v = run_until_done(judge(hold_s=10, stall_s=5), sim, 200, world)
+    assert t == 5
+    assert v.reason == "GPU 7 holds 100 MiB while the trainer is at step 40 (below 1024 MiB through 5 s of progress)"
+    assert v.details["step"] == 40
+    assert v.details["gpus_mib"][7] == 100
+
+
+def test_every_gpu_left_behind_is_named_with_its_mib():
+    sim = Sim()
+
+    def world(t, sim):
+        sim.say(progress(t + 1))
+        return None, gpus(HELD) | {5: 0, 6: 12, 7: 0}
+
+    t, v = run_until_done(judge(hold_s=4, stall_s=2.5), sim, 200, world)
+    assert t == 3
+    assert v.reason == ("GPU 5 holds 0 MiB, GPU 6 holds 12 MiB, GPU 7 holds 0 MiB while the trainer "
+                        "is at step 4 (below 1024 MiB through 3 s of progress)")
+
+
+def test_gpu_dropping_while_steps_advance_is_named_after_a_stall_window():
+    # GPU 2 full for 20 s of progress, then empty: a blip is not a verdict, 5 s of it are.
+    sim = Sim()
+
+    def world(t, sim):
+        sim.say(progress(t + 1))
+        return None, gpus(HELD) | ({2: 0} if t >= 20 else {})
+
+    j = judge(hold_s=30, stall_s=5)
+    t, v = run_until_done(j, sim, 200, world)
+    assert (t, v.reason) == (25, "GPU 2 holds 0 MiB while the trainer is at step 26 "
+                                 "(below 1024 MiB through 5 s of progress)")
+
+
+def test_gpu_left_behind_needs_progress_not_just_time():
+    # GPU 7 empty for 60 s but only one step value: no progress, so the deadline judges.
+    sim = Sim().say(progress(1))
+    t, v = run_until_done(judge(hold_s=10, stall_s=5, timeout_s=60), sim, 200,
+                          lambda t, s: (None, gpus(HELD) | {7: 0}))
+    assert t == 60
+    assert v.reason.startswith("not ready after 60 s: GPU 7 below 1024 MiB (0 MiB)")
+
+
+def test_gpu_left_behind_is_off_without_step_checks():
+    sim = Sim()
+
+    def world(t, sim):
+        sim.say(progress(t + 1))
+        return None, gpus(HELD) | {7: 0}
+
+    t, v = run_until_done(judge(hold_s=10, stall_s=5, min_steps=0, timeout_s=30), sim, 200, world)
+    assert (t, v.reason) == (30, "not ready after 30 s: GPU 7 below 1024 MiB (0 MiB)")
+
+
+def test_unreadable_gpu_is_not_left_behind():
+    # nvidia-smi cannot read GPU 4: it may hold memory; only the deadline may judge it.
+    sim = Sim()
+
+    def world(t, sim):
+        sim.say(progress(t + 1))
+        return None, gpus(HELD) | {4: None}
+
+    t, v = run_until_done(judge(hold_s=10, stall_s=5, timeout_s=30), sim, 200, world)
+    assert (t, v.reason) == (30, "not ready after 30 s: GPU 4 memory unreadable")
+
+
+# ---------------------------------------------------------------------------------------------
+# the windows: a stall window longer than the hold is refused
+
+@pytest.mark.parametrize("hold,stall,words", [
+    (10, 15, "stall_s (15 s) is longer than hold_s (10 s)"),
+    (2, 2.5, "stall_s (2.5 s) is longer than hold_s (2 s)"),
+    (10, 0, "stall_s (0) must be greater than 0 s"),
+])
+def test_judge_refuses_a_stall_window_longer_than_the_hold(hold, stall, words):
+    with pytest.raises(ValueError) as e:
+        judge(hold_s=hold, stall_s=stall)
+    assert str(e.value).startswith(words)
+    assert rd.window_problem(hold, stall).startswith(words)
+
+
+@pytest.mark.parametrize("hold,stall", [(10, 5), (10, 10), (4, 2.5)])
+def test_stall_window_within_the_hold_is_accepted(hold, stall):
+    assert rd.window_problem(hold, stall) is None
+    assert judge(hold_s=hold, stall_s=stall).expect.stall_s == stall
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,6 +657,9 @@ def test_trainer_ready_check_mode_skips(capsys):
     ({"invocation_id": " "}, "invocation_id is empty"),
     ({"ready_regex": "tok/s("}, "invalid ready_regex 'tok/s('"),
     ({"error_regexes": ["["]}, "invalid error_regexes entry '['"),
+    ({"hold_s": 10, "stall_s": 15}, "stall_s (15 s) is longer than hold_s (10 s)"),
+    ({"hold_s": 3}, "stall_s (5 s) is longer than hold_s (3 s)"),
+    ({"hold_s": 3, "stall_s": 4, "_ansible_check_mode": True}, "stall_s (4 s) is longer than hold_s (3 s)"),
 ])
 def test_trainer_ready_bad_args(capsys, args, msg):
     base = {"unit": "t.service", "log_path": "/nonexistent", "invocation_id": INV}
@@ -443,3 +693,26 @@ def test_trainer_ready_log_reader_follows_appends_and_truncation(tmp_path):
     reader.poll()
     assert follower.analysis.steps == [1, 2, 9]
     assert reader.offset == len("step=9 tok/s=9\n")
+
+
+def test_default_windows_agree_everywhere_and_stall_fits_in_the_hold():
+    import os
+    import yaml
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "roles/trainer/defaults/main.yml")) as f:
+        defaults = yaml.safe_load(f)
+    with open(os.path.join(root, "roles/trainer/meta/argument_specs.yml")) as f:
+        specs = yaml.safe_load(f)["argument_specs"]
+    doc = yaml.safe_load(trainer_ready.DOCUMENTATION)["options"]
+    expect = rd.Expectations(invocation_id=INV)
+    seen = {("defaults", defaults["trainer_ready_hold_s"], defaults["trainer_ready_stall_s"]),
+            ("module doc", doc["hold_s"]["default"], doc["stall_s"]["default"]),
+            ("Expectations", expect.hold_s, expect.stall_s)}
+    for entry, spec in specs.items():
+        options = spec.get("options", {})
+        if "trainer_ready_hold_s" in options or "trainer_ready_stall_s" in options:
+            seen.add(("argument_specs " + entry, options["trainer_ready_hold_s"]["default"],
+                      options["trainer_ready_stall_s"]["default"]))
+    assert len(seen) == 6        # defaults, module doc, Expectations, main, restart, rollback
+    assert {(hold, stall) for _where, hold, stall in seen} == {(10, 5)}, sorted(seen)
+    assert rd.window_problem(expect.hold_s, expect.stall_s) is None
