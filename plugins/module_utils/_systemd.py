@@ -29,6 +29,7 @@ SHOW_PROPERTIES = (
     "NeedDaemonReload",
     "FragmentPath",
     "UnitFileState",
+    "Description",
 )
 
 # Unit properties worth showing a human when a start fails.

@@ -61,6 +61,27 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+gpus:
+  description: Each GPU nvidia-smi lists (index, name, memory used and total in MiB); V(null) when nvidia-smi failed.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"index": 0, "name": "NVIDIA H200", "memory_used_mib": 30000, "memory_total_mib": 143771}]
+load_state:
+  description: The unit's LoadState (V(not-found) when no unit of that name exists).
+  returned: always
+  type: str
+  sample: loaded
+fragment_path:
+  description: The unit's file (FragmentPath); empty when there is none.
+  returned: always
+  type: str
+  sample: /etc/systemd/system/dflash-trainer.service
+description:
+  description: The unit's Description (units this collection writes say "managed by dflash.trainer").
+  returned: always
+  type: str
+  sample: DFlash trainer (dflash-trainer), managed by dflash.trainer
 active_state:
   description: The unit's ActiveState.
   returned: always
@@ -173,6 +194,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
@@ -200,6 +222,10 @@ def environ_value(data, key):
         if item.startswith(prefix):
             return item[len(prefix):].decode("utf-8", "replace")
     return None
+
+
+# what the status reports of each GPU (gpus): enough to check trainer_gpus and the minimum
+GPU_KEYS = ("index", "name", "memory_used_mib", "memory_total_mib")
 
 
 def release_from_proc(pid, depth=3):
@@ -247,7 +273,8 @@ def main():
     )
     p = module.params
     systemctl = module.get_bin_path("systemctl", required=True)
-    rc, out, err = module.run_command(show_argv(p["unit"], systemctl=systemctl))
+    run = ModuleRunner(module)  # each command bounded: 30 s
+    rc, out, err = run.or_fail(show_argv(p["unit"], systemctl=systemctl))
     if rc != 0:
         module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
     props = parse_show(out)
@@ -256,6 +283,9 @@ def main():
     invocation = props.get("InvocationID", "")
     result = dict(
         changed=False,
+        load_state=props.get("LoadState", ""),
+        fragment_path=props.get("FragmentPath", ""),
+        description=props.get("Description", ""),
         active_state=props.get("ActiveState", ""),
         sub_state=props.get("SubState", ""),
         running=running,
@@ -270,6 +300,7 @@ def main():
         running_release_source=None,
         drift=False,
         gpus_mib=None,
+        gpus=None,
     )
     seconds = runtime_s(props, now_monotonic_s=time.monotonic() if running else None)
     result["seconds_since_start"] = round(seconds, 3) if seconds is not None else None
@@ -311,8 +342,9 @@ def main():
         result["gpu_error"] = not_found_message(p["nvidia_smi"])
     else:
         try:
-            gpus, _warnings = read_gpus(module.run_command, nvidia_smi, processes=False)
+            gpus, _warnings = read_gpus(run, nvidia_smi, processes=False)
             result["gpus_mib"] = memory_by_index(gpus)
+            result["gpus"] = [dict((k, g.get(k)) for k in GPU_KEYS) for g in gpus]
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
     module.exit_json(**result)

@@ -1,0 +1,66 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller side of dflash.trainer.trainer_validate (documented in the module).
+
+Runs the pure checks of module_utils/_validate.py here, on the play's templated ``trainer_*``
+variables: no remote call, so a refused input costs nothing on the target and changes nothing.
+"""
+from __future__ import annotations
+
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.text.converters import to_native
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.dflash.trainer.plugins.module_utils._validate import (
+    check,
+    message,
+    src_problems,
+    target_problems,
+)
+
+# inventory variables the checks read besides trainer_*
+_HOST_VARS = ("proxmox_vmid", "ansible_connection")
+
+
+class ActionModule(ActionBase):
+
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit"))
+
+    def _play_variables(self, task_vars):
+        names = [k for k in task_vars if k.startswith("trainer_")] + [k for k in _HOST_VARS if k in task_vars]
+        out = {}
+        for name in names:
+            try:
+                out[name] = self._templar.template(task_vars[name])
+            except AnsibleError as exc:
+                out[name] = None
+                raise AnsibleError("%s cannot be templated: %s" % (name, to_native(exc)))
+        return out
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        args = self._task.args
+        entry = args.get("entry") or "main"
+        try:
+            variables = args.get("variables")
+            if variables is None:
+                variables = self._play_variables(task_vars)
+            problems = check(variables, entry)
+            if entry == "main" and "trainer_src" in variables:
+                problems.extend(src_problems(variables.get("trainer_src"),
+                                             variables.get("trainer_release_excludes") or ()))
+            if args.get("gpus") is not None or args.get("unit") is not None:
+                unit_path = "/etc/systemd/system/%s.service" % variables.get("trainer_unit_name")
+                problems.extend(target_problems(variables, args.get("gpus"), args.get("unit"), unit_path))
+        except (AnsibleError, ValueError) as exc:
+            result.update(failed=True, msg="input check failed: %s" % to_native(exc))
+            return result
+        result["problems"] = [str(p) for p in problems]
+        result["changed"] = False
+        if problems:
+            result["failed"] = True
+            result["msg"] = message(problems, entry)
+        return result

@@ -1,0 +1,529 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Checking the role's inputs before anything on the target changes (pure, unit-tested).
+
+``check(variables, entry)`` answers a list of ``Problem``; each names the variable, the value
+(never for secrets: ``trainer_env`` values), why it is refused and what is accepted. The role's
+first task (``dflash.trainer.trainer_validate``, an action plugin: no remote call) fails with all
+of them at once. The argument spec catches wrong types; this catches values that are well typed
+and still dangerous or meaningless: a cache "purge" of the release root, a unit file written as
+``ssh.service`` or ``../x.service``, a stall window longer than the hold, a regex that matches
+every line. Checks that need the target (a unit of that name that is not ours, GPUs the host
+lacks, a minimum above a GPU's memory) are in ``target_problems`` and run on what the first
+status read returned, still before any change.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
+
+ENTRIES = ("main", "restart", "rollback", "status")
+
+# Characters a path may hold: it reaches a unit file, an EnvironmentFile and argv lists; a space,
+# a quote, `;`, `$`, `%` (a systemd specifier) or a control character is always a typo here.
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._+@=:,/-]*$")
+PATH_ACCEPTED = "an absolute, normalised path of letters, digits and . _ - + @ = : , / (no '..', no '//', no trailing '/')"
+
+# Directories no variable may name (or, for the purge, lie in): the system's own.
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+               "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/opt", "/srv", "/home", "/root",
+               "/mnt", "/media", "/workspace")
+# No managed file may live under these (kernel/virtual file systems).
+VIRTUAL_DIRS = ("/proc", "/sys", "/dev")
+
+_UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
+UNIT_ACCEPTED = ("a unit name of letters, digits and _ . : - (no '/', '@', spaces or '..'), "
+                 "without the .service suffix, not the name of a unit this collection did not write")
+_UNIT_SUFFIXES = (".service", ".socket", ".target", ".timer", ".mount", ".path", ".slice", ".scope",
+                  ".device", ".swap", ".automount")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_VALUE_MAX = 32 * 1024
+ENV_TOTAL_MAX = 256 * 1024
+_RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+GPU_INDEX_MAX = 63
+SECONDS_MAX = 7 * 24 * 3600
+# the description line of the unit template: how a unit of ours is recognised on the target
+UNIT_MARK = "managed by dflash.trainer"
+
+# (variable, minimum, maximum, unit words)
+_NUMBERS = (
+    ("trainer_release_keep", 1, 1000, "releases"),
+    ("trainer_stop_timeout_s", 1, SECONDS_MAX, "s"),
+    ("trainer_restart_sec", 0, SECONDS_MAX, "s"),
+    ("trainer_start_limit_burst", 1, 1000, ""),
+    ("trainer_start_limit_interval_s", 0, SECONDS_MAX, "s"),
+    ("trainer_lock_stale_s", 10, SECONDS_MAX, "s"),
+    ("trainer_drain_max_mib", 0, 16 * 1024 * 1024, "MiB"),
+    ("trainer_drain_timeout_s", 1, SECONDS_MAX, "s"),
+    ("trainer_gpu_min_mib", 1, 16 * 1024 * 1024, "MiB"),
+    ("trainer_ready_min_steps", 0, 1000000, "steps"),
+    ("trainer_ready_hold_s", 0.1, SECONDS_MAX, "s"),
+    ("trainer_ready_stall_s", 0.1, SECONDS_MAX, "s"),
+    ("trainer_ready_timeout_s", 1, SECONDS_MAX, "s"),
+    ("trainer_ready_interval_s", 0.05, 3600, "s"),
+    ("trainer_log_tail_lines", 0, 10000, "lines"),
+)
+
+_PATHS = ("trainer_root", "trainer_log_path", "trainer_env_file", "trainer_inductor_cache_dir",
+          "trainer_launcher_path", "trainer_lock_path")
+_REGEXES = ("trainer_ready_regex", "trainer_step_regex", "trainer_tokps_regex")
+
+# which variables each entry point uses (status reads only)
+_STATUS_VARS = {"trainer_root", "trainer_log_path", "trainer_unit_name", "trainer_nvidia_smi"}
+
+
+class Problem(object):
+    """One refused input, in words a user can act on."""
+
+    def __init__(self, variable, why, accepted, value=None, secret=False, show_value=True):
+        self.variable = variable
+        self.why = why
+        self.accepted = accepted
+        self.value = value
+        self.secret = secret
+        self.show_value = show_value and not secret
+
+    def __str__(self):
+        got = ""
+        if self.show_value:
+            got = " (got %s)" % _show(self.value)
+        elif self.secret:
+            got = " (value not shown: it is a secret)"
+        return "%s: %s%s; accepted: %s" % (self.variable, self.why, got, self.accepted)
+
+    def __repr__(self):
+        return "Problem(%s)" % self
+
+
+def _show(value):
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value):
+    """int/float, or a string that is one (extra vars from -e are strings); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return None
+
+
+def within(path, parent):
+    """True when ``path`` is ``parent`` or lies below it (both normalised absolute paths)."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def path_problem(name, value):
+    """The shape of one path variable: a Problem or None."""
+    if not isinstance(value, str) or not value:
+        return Problem(name, "must be a non-empty string", PATH_ACCEPTED, value)
+    if not value.startswith("/"):
+        return Problem(name, "is a relative path", PATH_ACCEPTED, value)
+    if not _PATH_RE.match(value):
+        bad = sorted({c for c in value if not re.match(r"[A-Za-z0-9._+@=:,/-]", c)})
+        return Problem(name, "holds characters a path here may not hold (%s)" % " ".join(repr(c) for c in bad),
+                       PATH_ACCEPTED, value)
+    parts = value.split("/")[1:]
+    if value != "/" and (value.endswith("/") or "" in parts):
+        return Problem(name, "is not normalised (empty component or trailing '/')", PATH_ACCEPTED, value)
+    if any(p in (".", "..") for p in parts):
+        return Problem(name, "holds a '.' or '..' component", PATH_ACCEPTED, value)
+    if value == "/" or value in SYSTEM_DIRS:
+        return Problem(name, "is a system directory", PATH_ACCEPTED + ", not a system directory such as / /tmp /opt",
+                       value)
+    if name != "trainer_lock_path" and any(within(value, d) for d in VIRTUAL_DIRS):
+        return Problem(name, "lies in a kernel file system (/proc, /sys, /dev)", PATH_ACCEPTED, value)
+    return None
+
+
+def _paths_problems(v):
+    problems = []
+    ok = {}
+    for name in _PATHS:
+        if name not in v:
+            continue
+        p = path_problem(name, v[name])
+        if p is None:
+            ok[name] = v[name]
+        else:
+            problems.append(p)
+    root = ok.get("trainer_root")
+    if root is not None:
+        for name in ("trainer_log_path", "trainer_env_file", "trainer_launcher_path", "trainer_lock_path"):
+            if name in ok and within(ok[name], root):
+                problems.append(Problem(name, "lies inside trainer_root %s (releases there are immutable and pruned)" % root,
+                                        "a path outside trainer_root", ok[name]))
+            elif name in ok and within(root, ok[name]):
+                problems.append(Problem(name, "contains trainer_root %s" % root, "a path outside trainer_root", ok[name]))
+    cache = ok.get("trainer_inductor_cache_dir")
+    if cache is not None:
+        problems.extend(_cache_problems(cache, ok))
+    seen = {}
+    for name in ("trainer_log_path", "trainer_env_file", "trainer_launcher_path", "trainer_lock_path"):
+        if name in ok:
+            if ok[name] in seen:
+                problems.append(Problem(name, "is the same file as %s" % seen[ok[name]], "a file of its own", ok[name]))
+            seen.setdefault(ok[name], name)
+    return problems
+
+
+def _cache_problems(cache, ok):
+    """The purge deletes this directory (rm -rf): it must be a cache and nothing else."""
+    name = "trainer_inductor_cache_dir"
+    accepted = ("a directory of its own at least two levels deep (e.g. /tmp/torchinductor_root), that holds "
+                "and is inside none of trainer_root, the log, the environment file, the launcher and the lock")
+    if cache.count("/") < 2:
+        return [Problem(name, "is a top-level directory: the restart would delete it with everything in it", accepted, cache)]
+    for sysdir in ("/usr", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/var/lib",
+                   "/var/log", "/run/systemd"):
+        if within(cache, sysdir):
+            return [Problem(name, "lies in %s: the restart would delete system files" % sysdir, accepted, cache)]
+    if re.match(r"^/home/[^/]+$", cache):
+        return [Problem(name, "is a home directory: the restart would delete it", accepted, cache)]
+    what = {
+        "trainer_root": "the releases (every release would be deleted)",
+        "trainer_log_path": "the trainer's log (a failed start's log would be deleted)",
+        "trainer_env_file": "the environment file",
+        "trainer_launcher_path": "the launcher",
+        "trainer_lock_path": "the deploy lock",
+    }
+    for other, words in what.items():
+        if other not in ok:
+            continue
+        path = ok[other]
+        if within(path, cache):
+            return [Problem(name, "holds %s (%s=%s): the restart would delete it" % (words, other, path), accepted, cache)]
+        if within(cache, path):
+            return [Problem(name, "lies inside %s=%s: the restart would delete %s" % (other, path, words), accepted, cache)]
+    return []
+
+
+def unit_name_problem(value):
+    name = "trainer_unit_name"
+    if not isinstance(value, str) or not value:
+        return Problem(name, "must be a non-empty string", UNIT_ACCEPTED, value)
+    for suffix in _UNIT_SUFFIXES:
+        if value.endswith(suffix):
+            return Problem(name, "ends with %s: give the name without the suffix (%s)" % (suffix, value[:-len(suffix)]),
+                           UNIT_ACCEPTED, value)
+    if "@" in value:
+        return Problem(name, "holds '@': template units are not supported", UNIT_ACCEPTED, value)
+    if ".." in value or "/" in value:
+        return Problem(name, "holds '/' or '..': the unit file would be written outside /etc/systemd/system",
+                       UNIT_ACCEPTED, value)
+    if not _UNIT_RE.match(value):
+        return Problem(name, "holds characters a unit name may not hold", UNIT_ACCEPTED, value)
+    return None
+
+
+def _numbers_problems(v):
+    problems = []
+    nums = {}
+    for name, lo, hi, unit in _NUMBERS:
+        if name not in v:
+            continue
+        value = v[name]
+        n = _number(value)
+        accepted = "a number from %s to %s%s" % (lo, hi, (" " + unit) if unit else "")
+        if n is None:
+            problems.append(Problem(name, "is not a number", accepted, value))
+        elif n != n or n < lo or n > hi:  # n != n: NaN
+            problems.append(Problem(name, "is out of range", accepted, value))
+        else:
+            nums[name] = n
+    hold, stall = nums.get("trainer_ready_hold_s"), nums.get("trainer_ready_stall_s")
+    timeout, interval = nums.get("trainer_ready_timeout_s"), nums.get("trainer_ready_interval_s")
+    if hold is not None and stall is not None and stall > hold:
+        problems.append(Problem("trainer_ready_stall_s", "is longer than trainer_ready_hold_s (%s s): progress could stop "
+                                "for the whole hold and still count as held" % hold,
+                                "a stall window no longer than the hold", v["trainer_ready_stall_s"]))
+    if hold is not None and timeout is not None and hold >= timeout:
+        problems.append(Problem("trainer_ready_hold_s", "is not shorter than trainer_ready_timeout_s (%s s): the proof "
+                                "could never finish" % timeout, "a hold shorter than the deadline",
+                                v["trainer_ready_hold_s"]))
+    if interval is not None and hold is not None and interval > hold:
+        problems.append(Problem("trainer_ready_interval_s", "is longer than trainer_ready_hold_s (%s s)" % hold,
+                                "a poll interval no longer than the hold", v["trainer_ready_interval_s"]))
+    return problems
+
+
+def _regex_problems(v):
+    problems = []
+    marker = marker_line("0123456789abcdef0123456789abcdef", "0123456789abcdef", 1,
+                         "2026-01-01T00:00:00+00:00").rstrip("\n")
+    for name in _REGEXES + ("trainer_error_regexes",):
+        if name not in v:
+            continue
+        values = v[name]
+        if name == "trainer_error_regexes":
+            if not isinstance(values, (list, tuple)):
+                problems.append(Problem(name, "is not a list", "a list of Python regular expressions", values))
+                continue
+            items = [("%s[%d]" % (name, i), rx) for i, rx in enumerate(values)]
+        else:
+            items = [(name, values)]
+        for label, rx in items:
+            accepted = "a Python regular expression that matches some lines and not every line"
+            if not isinstance(rx, str) or not rx:
+                problems.append(Problem(label, "is empty (it would match every line)", accepted, rx))
+                continue
+            try:
+                compiled = re.compile(rx)
+            except (re.error, RecursionError, OverflowError) as exc:
+                problems.append(Problem(label, "does not compile: %s" % exc, accepted, rx))
+                continue
+            if compiled.search(""):
+                problems.append(Problem(label, "matches the empty line, so it matches every line", accepted, rx))
+            elif compiled.search(marker):
+                problems.append(Problem(label, "matches the launcher's own start marker line (%s), so it would match "
+                                        "on every start" % marker, accepted, rx))
+            elif name in ("trainer_step_regex", "trainer_tokps_regex") and compiled.groups < 1:
+                problems.append(Problem(label, "has no capture group for the number",
+                                        "a regular expression whose first group captures the number, e.g. %s"
+                                        % (r"'\bstep[=: ]\s*(\d+)'" if name == "trainer_step_regex"
+                                           else r"'tok/s[=: ]\s*([0-9.]+)'"), rx))
+    return problems
+
+
+def _command_problems(v):
+    name = "trainer_command"
+    accepted = "a non-empty list of strings (argv), e.g. ['./run.sh'] or ['python3', 'train.py']"
+    cmd = v.get(name)
+    if isinstance(cmd, str):
+        return [Problem(name, "is a string, not a list: it would run as one word", accepted, cmd)]
+    if not isinstance(cmd, (list, tuple)) or not cmd:
+        return [Problem(name, "is empty or not a list", accepted, cmd)]
+    for i, word in enumerate(cmd):
+        if isinstance(word, (dict, list, tuple)) or word is None:
+            return [Problem("%s[%d]" % (name, i), "is not a string", accepted, word)]
+        word = str(word)
+        if i == 0 and not word.strip():
+            return [Problem("%s[0]" % name, "is empty", accepted, word)]
+        if any(ord(c) < 32 or ord(c) == 127 for c in word):
+            return [Problem("%s[%d]" % (name, i), "holds a control character (newline, tab, ...)", accepted, word)]
+        if len(word) > 4096:
+            return [Problem("%s[%d]" % (name, i), "is longer than 4096 characters", accepted, word)]
+    return []
+
+
+def _env_problems(v):
+    name = "trainer_env"
+    env = v.get(name)
+    accepted = ("a mapping of NAME: value (NAME of letters, digits, _; values without control characters, "
+                "at most %d bytes each and %d in all)" % (ENV_VALUE_MAX, ENV_TOTAL_MAX))
+    if env is None:
+        return []
+    if not isinstance(env, dict):
+        return [Problem(name, "is not a mapping", accepted, show_value=False)]
+    problems = []
+    total = 0
+    for key in env:
+        label = "%s[%r]" % (name, key)
+        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            problems.append(Problem(label, "is not a valid environment variable name", accepted, show_value=False))
+            continue
+        value = env[key]
+        if isinstance(value, (dict, list, tuple)):
+            problems.append(Problem(label, "is a %s, not a string or number" % type(value).__name__, accepted,
+                                    secret=True))
+            continue
+        text = "" if value is None else str(value)
+        size = len(text.encode("utf-8", "surrogateescape"))
+        total += size + len(key) + 4
+        if size > ENV_VALUE_MAX:
+            problems.append(Problem(label, "is %d bytes long" % size, accepted, secret=True))
+        elif any(ord(c) < 32 or ord(c) == 127 for c in text):
+            problems.append(Problem(label, "holds a control character (newline, tab, NUL, ...)", accepted, secret=True))
+    if total > ENV_TOTAL_MAX and not problems:
+        problems.append(Problem(name, "is %d bytes in all" % total, accepted, secret=True))
+    return problems
+
+
+def _gpus_problems(v):
+    name = "trainer_gpus"
+    gpus = v.get(name)
+    accepted = "a non-empty list of distinct GPU indexes from 0 to %d, each listed by nvidia-smi" % GPU_INDEX_MAX
+    if not isinstance(gpus, (list, tuple)) or not gpus:
+        return [Problem(name, "is empty or not a list", accepted, gpus)]
+    ints = []
+    for g in gpus:
+        n = g if _is_int(g) else (int(g) if isinstance(g, str) and re.match(r"^\d+$", g.strip()) else None)
+        if n is None or n < 0 or n > GPU_INDEX_MAX:
+            return [Problem(name, "holds %s, not a GPU index" % _show(g), accepted, gpus)]
+        ints.append(n)
+    dups = sorted({g for g in ints if ints.count(g) > 1})
+    if dups:
+        return [Problem(name, "lists GPU %s more than once" % ", ".join(str(d) for d in dups), accepted, gpus)]
+    return []
+
+
+def gpu_indexes(gpus):
+    """trainer_gpus as ints (after ``check`` accepted it)."""
+    return [int(g) for g in gpus]
+
+
+def src_problems(src, excludes=()):
+    """The release source on the controller: a directory whose tree can become a release.
+
+    Walks it without following symlinks (lstat only, no hashing): sockets, FIFOs and device
+    nodes, symlink loops and symlinks that resolve outside the tree are refused here, before the
+    deploy lock is taken.
+    """
+    from ansible_collections.dflash.trainer.plugins.module_utils._release import is_excluded
+
+    name = "trainer_src"
+    accepted = "a readable directory on the controller holding regular files, directories and symlinks that stay inside it"
+    if not isinstance(src, str) or not src:
+        return [Problem(name, "is not set", accepted, src)]
+    if not os.path.lexists(src):
+        return [Problem(name, "does not exist on the controller", accepted, src)]
+    if not os.path.isdir(src):
+        return [Problem(name, "is not a directory", accepted, src)]
+    top = os.path.realpath(src)
+    stack = [""]
+    while stack:
+        reldir = stack.pop()
+        absdir = os.path.join(src, reldir) if reldir else src
+        try:
+            with os.scandir(absdir) as it:
+                children = list(it)
+        except OSError as exc:
+            return [Problem(name, "cannot read %s: %s" % (absdir, exc.strerror or exc), accepted, src)]
+        for child in children:
+            rel = reldir + "/" + child.name if reldir else child.name
+            if is_excluded(rel, excludes):
+                continue
+            try:
+                st = os.lstat(child.path)
+            except OSError as exc:
+                return [Problem(name, "cannot read %s: %s" % (rel, exc.strerror or exc), accepted, src)]
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    os.stat(child.path)
+                except OSError as exc:
+                    if exc.errno == 40:  # ELOOP
+                        return [Problem(name, "holds a symlink loop at %s" % rel, accepted, src)]
+                    continue  # dangling: allowed (it may point at something made at run time)
+                target = os.path.realpath(child.path)
+                if not within(target, top):
+                    return [Problem(name, "holds a symlink %s that points outside the tree (%s)" % (rel, os.readlink(child.path)),
+                                    accepted, src)]
+            elif stat.S_ISDIR(st.st_mode):
+                stack.append(rel)
+            elif not stat.S_ISREG(st.st_mode):
+                kind = ("a socket" if stat.S_ISSOCK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                        else "a device node")
+                return [Problem(name, "holds %s at %s (exclude it with trainer_release_excludes)" % (kind, rel),
+                                accepted, src)]
+    return []
+
+
+def inventory_problems(v):
+    """proxmox_vmid where the connection needs one (pct-style connections)."""
+    conn = str(v.get("ansible_connection") or "")
+    if not conn.endswith("pct") and not conn.endswith("proxmox_pct_remote"):
+        return []
+    vmid = v.get("proxmox_vmid")
+    accepted = "the numeric id of an existing container, 100 to 999999999 (inventory variable proxmox_vmid)"
+    if vmid is None or vmid == "":
+        return [Problem("proxmox_vmid", "is not set for this host", accepted, show_value=False)]
+    text = str(vmid)
+    if isinstance(vmid, bool) or not re.match(r"^\d+$", text) or not 100 <= int(text) <= 999999999:
+        return [Problem("proxmox_vmid", "is not a container id", accepted, vmid)]
+    return []
+
+
+def check(v, entry="main"):
+    """Every Problem with the variables ``v`` (the play's vars) for entry point ``entry``."""
+    if entry not in ENTRIES:
+        raise ValueError("unknown entry point %r" % entry)
+    if entry == "status":
+        v = {k: val for k, val in v.items() if k in _STATUS_VARS or not k.startswith("trainer_")}
+    problems = []
+    problems.extend(inventory_problems(v))
+    problems.extend(_paths_problems(v))
+    if "trainer_unit_name" in v:
+        p = unit_name_problem(v["trainer_unit_name"])
+        if p:
+            problems.append(p)
+    if entry == "status":
+        return problems
+    problems.extend(_numbers_problems(v))
+    problems.extend(_regex_problems(v))
+    if "trainer_command" in v:
+        problems.extend(_command_problems(v))
+    problems.extend(_env_problems(v))
+    if "trainer_gpus" in v:
+        problems.extend(_gpus_problems(v))
+    if entry == "rollback" and v.get("trainer_rollback_release"):
+        rid = v["trainer_rollback_release"]
+        if not isinstance(rid, str) or not _RELEASE_ID_RE.match(rid):
+            problems.append(Problem("trainer_rollback_release", "is not a release id",
+                                    "a release id as listed by status (e.g. dda2287ea665b415)", rid))
+    return problems
+
+
+def target_problems(v, gpus=None, unit=None, unit_path=None):
+    """Checks on what the first reads of the target returned, before anything changes.
+
+    ``gpus``: gpu_info's list (index, memory_total_mib); ``unit``: trainer_status's view of the
+    unit (load_state, fragment_path, description).
+    """
+    problems = []
+    if unit is not None and unit.get("gpu_error"):
+        problems.append(Problem("trainer_nvidia_smi", "nvidia-smi failed on the target: %s" % unit["gpu_error"],
+                                "an nvidia-smi that lists the trainer's GPUs", v.get("trainer_nvidia_smi")))
+    if gpus is not None and "trainer_gpus" in v:
+        have = {g.get("index"): g for g in gpus}
+        wanted = gpu_indexes(v["trainer_gpus"])
+        missing = [g for g in wanted if g not in have]
+        if missing:
+            problems.append(Problem("trainer_gpus", "asks for GPU %s, which nvidia-smi does not list (it lists %s)"
+                                    % (", ".join(str(g) for g in missing), ", ".join(str(i) for i in sorted(have)) or "none"),
+                                    "indexes nvidia-smi lists", v["trainer_gpus"]))
+        min_mib = _number(v.get("trainer_gpu_min_mib"))
+        if min_mib is not None:
+            small = [(g, have[g].get("memory_total_mib")) for g in wanted
+                     if g in have and _is_int(have[g].get("memory_total_mib")) and have[g]["memory_total_mib"] < min_mib]
+            if small:
+                problems.append(Problem("trainer_gpu_min_mib", "is above the memory of %s" % ", ".join(
+                    "GPU %d (%d MiB)" % s for s in small), "at most the smallest trainer GPU's memory.total",
+                    v["trainer_gpu_min_mib"]))
+    if unit is not None and unit.get("load_state") == "loaded":
+        fragment = unit.get("fragment_path") or ""
+        ours = UNIT_MARK in (unit.get("description") or "") and (unit_path is None or fragment == unit_path)
+        if not ours:
+            problems.append(Problem("trainer_unit_name", "names a unit this collection did not write (%s, %s)"
+                                    % (fragment or "no unit file", unit.get("description") or "no description"),
+                                    UNIT_ACCEPTED, v.get("trainer_unit_name")))
+    return problems
+
+
+def message(problems, entry="main"):
+    """One message for all problems: the deploy is refused, nothing on the target changed."""
+    lines = ["refused before any change on the target (%d problem%s):" % (len(problems), "" if len(problems) == 1 else "s")]
+    lines.extend("- %s" % p for p in problems)
+    return "\n".join(lines)
+
+
+def normalised(path):
+    return posixpath.normpath(path)

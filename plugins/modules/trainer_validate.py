@@ -1,0 +1,90 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_validate
+short_description: Refuse bad role inputs before anything on the target changes
+description:
+  - Checks the role's C(trainer_*) variables (and the host's C(proxmox_vmid)) for values that are
+    well typed and still dangerous or meaningless - a cache purge of the release root or of a
+    system directory, a unit name with C(/), C(..), C(@) or a C(.service) suffix, paths with
+    spaces, quotes, C(;), C($) or newlines, a stall window longer than the hold, regexes that do
+    not compile or match every line, an empty command, duplicated GPUs, a release source holding
+    sockets, FIFOs, device nodes, symlink loops or symlinks leaving the tree.
+  - Fails with every problem at once; each names the variable, the value (never an environment
+    value) and what is accepted.
+  - The action plugin runs the checks on the controller - no remote call. With O(gpus) and
+    O(unit), it also checks what the target's first reads returned (GPUs nvidia-smi lists, their
+    memory, a unit of that name this collection did not write).
+author:
+  - dflash.trainer maintainers (@dflash)
+version_added: 0.2.0
+options:
+  entry:
+    description: The role's entry point whose variables are checked.
+    type: str
+    choices: [main, restart, rollback, status]
+    default: main
+  variables:
+    description:
+      - The variables to check. The action plugin fills this from the play's C(trainer_*)
+        variables and C(proxmox_vmid), C(ansible_connection); give it only to check other values.
+    type: dict
+  gpus:
+    description: gpu_info's C(gpus) list, to check C(trainer_gpus) and C(trainer_gpu_min_mib) against the target.
+    type: list
+    elements: dict
+  unit:
+    description: trainer_status's result, to refuse a unit name that belongs to a unit this collection did not write.
+    type: dict
+notes:
+  - Runs on the controller (action plugin); the module itself runs the same pure checks where it is executed.
+"""
+
+EXAMPLES = r"""
+- name: Check every input before anything on the target changes
+  dflash.trainer.trainer_validate:
+    entry: main
+"""
+
+RETURN = r"""
+problems:
+  description: The problems found (empty when the inputs are accepted).
+  returned: always
+  type: list
+  elements: str
+  sample: ["trainer_unit_name: ends with .service: give the name without the suffix (x) (got 'x.service'); accepted: ..."]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._validate import check, message, target_problems
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            entry=dict(type="str", default="main", choices=["main", "restart", "rollback", "status"]),
+            variables=dict(type="dict"),
+            gpus=dict(type="list", elements="dict"),
+            unit=dict(type="dict"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    variables = p["variables"] or {}
+    problems = check(variables, p["entry"])
+    if p["gpus"] is not None or p["unit"] is not None:
+        problems.extend(target_problems(variables, p["gpus"], p["unit"]))
+    words = [str(x) for x in problems]
+    if problems:
+        module.fail_json(msg=message(problems), problems=words)
+    module.exit_json(changed=False, problems=words)
+
+
+if __name__ == "__main__":
+    main()
