@@ -64,6 +64,7 @@ class Bench(object):
             "copy_files": args.copy_files,
             "noop_tasks": 20,
             "trainer_ready_hold_s": args.hold_s,
+            "trainer_ready_stall_s": min(5.0, args.hold_s),
             "trainer_ready_interval_s": 1.0,
             "trainer_ready_min_steps": 2,
             "trainer_startup_s": "2.0 (stand-in default, DFLASH_FAKE_STARTUP_S)",
@@ -186,7 +187,8 @@ class Bench(object):
         return bl.parse_journal(self.pct(vmid, *argv))
 
     def deploy(self, src, target="bench-220", extra=None, **kw):
-        e = {"trainer_target_hosts": target, "trainer_src": src, "trainer_ready_hold_s": self.args.hold_s}
+        e = {"trainer_target_hosts": target, "trainer_src": src, "trainer_ready_hold_s": self.args.hold_s,
+             "trainer_ready_stall_s": min(5.0, self.args.hold_s)}
         e.update(extra or {})
         return self.ansible(os.path.join(ROOT, "deploy.yml"), extra=e, **kw)
 

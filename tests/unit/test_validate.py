@@ -16,7 +16,6 @@ def defaults():
         d = yaml.safe_load(fh)
     d["trainer_src"] = os.path.join(ROOT, "examples", "trainer")
     d.update(ansible_connection="dflash.trainer.pct", proxmox_vmid=200)
-    d["trainer_ready_stall_s"] = min(d["trainer_ready_stall_s"], d["trainer_ready_hold_s"])  # TEMP
     return d
 
 
