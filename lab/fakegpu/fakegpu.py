@@ -12,6 +12,10 @@ State lives in ``$FAKEGPU_STATE_DIR`` (default ``/var/lib/fakegpu``):
   holder lives; the holder is identified by pid *and* process start time
   (``/proc/<pid>/stat`` field 22), so a reused pid never counts as the holder.
 * ``driver_error`` -- if this file exists, nvidia-smi fails like a missing driver (exit 9).
+* ``hang`` -- if this file exists, the nvidia-smi program hangs like one stuck in the driver:
+  empty or ``forever``: it never answers; a number: it answers after that many seconds (a slow
+  tool). While hanging it ignores SIGTERM/SIGINT/SIGHUP (only SIGKILL ends it) and marks itself
+  with ``hanging/<pid>`` (removed when it answers), so a test can see it hang and see it gone.
 
 Library: ``allocate(gpu, mib, pid=None)``, ``free(gpu=None, pid=None, everyone=False)``,
 ``snapshot()``, ``load_config()``, ``write_config(**changes)``; ``OutOfMemory`` /
@@ -19,7 +23,8 @@ Library: ``allocate(gpu, mib, pid=None)``, ``free(gpu=None, pid=None, everyone=F
 nvidia-smi stand-in's output and exit status.
 
 CLI: ``python3 -m fakegpu alloc --gpu 0[,1..] --mib N [--pid P] [--hold]`` | ``free`` |
-``show [--json]`` | ``config [--count N] [--memory-mib N] [--release-delay S|never] ...``.
+``show [--json]`` | ``config [--count N] [--memory-mib N] [--release-delay S|never]
+[--hang forever|SECONDS|off] ...``.
 """
 import argparse
 import contextlib
@@ -27,6 +32,7 @@ import datetime
 import fcntl
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -572,7 +578,62 @@ def smi(argv):
         return exc.rc, exc.text
 
 
+def hang_seconds():
+    """How long the nvidia-smi program hangs before it answers: None (it does not hang), a
+    number of seconds, or ``math.inf`` (never answers). Read from the ``hang`` file."""
+    try:
+        with open(os.path.join(state_dir(), "hang"), encoding="utf-8") as fh:
+            text = fh.read().strip().lower()
+    except FileNotFoundError:
+        return None
+    if text in ("", "forever", "inf"):
+        return math.inf
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        return math.inf  # a garbled knob still hangs: the mode was asked for
+
+
+def _hanging_dir():
+    return os.path.join(state_dir(), "hanging")
+
+
+def hang(seconds):
+    """Hang like an nvidia-smi stuck in the driver: deaf to SIGTERM/SIGINT/SIGHUP (a process
+    blocked in an ioctl does not run handlers; only SIGKILL gets it), for ``seconds``
+    (``math.inf``: forever). ``hanging/<pid>`` marks it while it hangs."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    marker = os.path.join(_hanging_dir(), str(os.getpid()))
+    try:
+        os.makedirs(_hanging_dir(), exist_ok=True)
+        open(marker, "w").close()
+    except OSError:  # a read-only state dir (not root): hang unmarked
+        pass
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 3600.0))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker)
+
+
+def hanging_pids():
+    """Pids marked as hanging (some may be dead already: SIGKILL leaves the marker behind)."""
+    try:
+        return sorted(int(name) for name in os.listdir(_hanging_dir()) if name.isdigit())
+    except FileNotFoundError:
+        return []
+
+
 def smi_main(argv=None):
+    seconds = hang_seconds()
+    if seconds is not None:
+        hang(seconds)
     rc, text = smi(sys.argv[1:] if argv is None else argv)
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -591,6 +652,16 @@ def _delay(text):
         return None
     value = float(text)
     return None if value < 0 else (int(value) if value.is_integer() else value)
+
+
+def _hang_arg(text):
+    text = text.strip().lower()
+    if text in ("forever", "off"):
+        return text
+    value = float(text)  # argparse turns the ValueError into a usage error
+    if value < 0:
+        raise ValueError(text)
+    return "%g" % value
 
 
 def _show(as_json):
@@ -633,6 +704,8 @@ def main(argv=None):
     p_cfg.add_argument("--clear-errors", action="store_true")
     p_cfg.add_argument("--driver-error", choices=("on", "off"),
                        help="make nvidia-smi fail as if the driver were gone")
+    p_cfg.add_argument("--hang", type=_hang_arg, metavar="forever|SECONDS|off",
+                       help="make nvidia-smi hang (forever, or answer after SECONDS); off: answer")
     args = parser.parse_args(argv)
 
     if args.cmd == "alloc":
@@ -675,6 +748,15 @@ def main(argv=None):
     elif args.driver_error == "off":
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(state_dir(), "driver_error"))
+    if args.hang == "off":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(state_dir(), "hang"))
+        for pid in hanging_pids():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(_hanging_dir(), str(pid)))
+    elif args.hang is not None:
+        with open(os.path.join(state_dir(), "hang"), "w", encoding="utf-8") as fh:
+            fh.write(args.hang + "\n")
     print(json.dumps(cfg, sort_keys=True), flush=True)
     return 0
 

@@ -348,12 +348,22 @@ def require(module, name):
     return path
 
 
+def _run_smi(run, argv):
+    """run(argv), a hang (CommandTimeout from a bounded runner) turned into NvidiaSmiError."""
+    from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
+    try:
+        return run(argv)
+    except CommandTimeout as e:
+        raise NvidiaSmiError(str(e))
+
+
 def read_gpus(run, nvidia_smi="nvidia-smi", processes=True):
     """One ``--query-gpu`` (+ one ``--query-compute-apps``) call through ``run(argv) -> (rc,
     out, err)``. Returns (gpus with ``processes``, warnings). Raises NvidiaSmiError with the
-    failure message when the GPU query fails; a failed process query is only a warning (the
+    failure message when the GPU query fails or hangs ("nvidia-smi did not answer within 30 s",
+    when ``run`` is bounded: ``_run.Runner``); a failed process query is only a warning (the
     memory figures are what counts)."""
-    rc, out, err = run(query_gpu_argv(nvidia_smi))
+    rc, out, err = _run_smi(run, query_gpu_argv(nvidia_smi))
     msg = failure_message(rc, out, err)
     if msg:
         raise NvidiaSmiError(msg)
@@ -361,8 +371,11 @@ def read_gpus(run, nvidia_smi="nvidia-smi", processes=True):
     warnings = []
     apps = []
     if processes:
-        rc, out, err = run(query_apps_argv(nvidia_smi))
-        msg = failure_message(rc, out, err)
+        try:
+            rc, out, err = _run_smi(run, query_apps_argv(nvidia_smi))
+            msg = failure_message(rc, out, err)
+        except NvidiaSmiError as e:  # it hung: the memory figures we have still count
+            msg = str(e)
         if msg:
             warnings.append("process list unavailable: " + msg)
         else:

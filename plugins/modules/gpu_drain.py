@@ -102,6 +102,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
     require,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import DrainJudge
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 
 
 def main():
@@ -121,12 +122,15 @@ def main():
         module.fail_json(msg="consecutive must be >= 1, interval_s and timeout_s >= 0")
     nvidia_smi = require(module, p["nvidia_smi"])
 
+    start = time.monotonic()
     judge = DrainJudge(max_mib=p["max_mib"], consecutive=p["consecutive"], timeout_s=p["timeout_s"],
-                       gpus=p["gpus"], start=time.monotonic())
+                       gpus=p["gpus"], start=start)
+    # a hung nvidia-smi is killed at 30 s or at the deadline, whichever is first
+    run = ModuleRunner(module, deadline=start + p["timeout_s"])
     while True:
         try:
             # the process list only names holders in the failure message; memory decides
-            gpus, _warnings = read_gpus(module.run_command, nvidia_smi)
+            gpus, _warnings = read_gpus(run, nvidia_smi)
         except NvidiaSmiError as e:
             module.fail_json(msg=str(e), samples=judge.samples)
         verdict = judge.observe(time.monotonic(), gpus)

@@ -114,6 +114,7 @@ total_used_mib:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     index_ranges,
@@ -134,7 +135,7 @@ def main():
     )
     nvidia_smi = require(module, module.params["nvidia_smi"])
     try:
-        gpus, warnings = read_gpus(module.run_command, nvidia_smi)
+        gpus, warnings = read_gpus(ModuleRunner(module), nvidia_smi)  # each call bounded: 30 s
     except NvidiaSmiError as e:
         module.fail_json(msg=str(e))
     for warning in warnings:

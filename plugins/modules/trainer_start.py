@@ -98,6 +98,7 @@ started:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     int_prop,
     parse_show,
@@ -108,8 +109,13 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
 )
 
 
+# systemctl start waits for the start job: beyond the unit's TimeoutStartSec (90 s by default)
+# something else is stuck (systemd itself, a job queue)
+START_TIMEOUT_S = 120.0
+
+
 def show(module, systemctl, unit):
-    rc, out, err = module.run_command(show_argv(unit, systemctl=systemctl))
+    rc, out, err = ModuleRunner(module).or_fail(show_argv(unit, systemctl=systemctl))
     if rc != 0:
         module.fail_json(msg="Unable to read unit %s: %s" % (unit, (err or out).strip()))
     return parse_show(out)
@@ -151,8 +157,10 @@ def main():
 
     # A deliberate start by the deployer must not be refused by the start limit that exists to
     # stop crash loops (a failed proof + rollback already costs two starts): reset it first.
-    module.run_command([systemctl, "reset-failed", unit])
-    rc, out, err = module.run_command(start_argv(unit, systemctl=systemctl))
+    ModuleRunner(module).or_fail([systemctl, "reset-failed", unit])
+    rc, out, err = ModuleRunner(module, START_TIMEOUT_S).or_fail(
+        start_argv(unit, systemctl=systemctl),
+        hint="the start job may still be queued (systemctl list-jobs)")
     if rc != 0:
         module.fail_json(msg="Unable to start unit %s: %s" % (unit, (err or out).strip()), rc=rc)
     after = show(module, systemctl, unit)

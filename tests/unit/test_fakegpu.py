@@ -337,3 +337,64 @@ def test_smi_injected_error_values(state, holder):
 
 def test_smi_in_process_matches_script(state):
     assert fakegpu.smi(["-L"]) == smi("-L")
+
+
+# --------------------------------------------------------------------------------------------
+# hang mode: an nvidia-smi stuck in the driver
+
+def alive(pid):
+    """True while pid exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def fakegpu_cli(*args):
+    env = dict(os.environ, PYTHONPATH=FAKEGPU_DIR)
+    return subprocess.run([sys.executable, "-m", "fakegpu", *args], env=env, capture_output=True,
+                          text=True, check=False, timeout=30)
+
+
+def test_hang_knob_cli_and_reading(state):
+    assert fakegpu.hang_seconds() is None
+    assert fakegpu_cli("config", "--hang", "forever").returncode == 0
+    assert (state / "hang").read_text() == "forever\n" and fakegpu.hang_seconds() == float("inf")
+    assert fakegpu_cli("config", "--hang", "2.5").returncode == 0
+    assert fakegpu.hang_seconds() == 2.5
+    (state / "hang").write_text("")
+    assert fakegpu.hang_seconds() == float("inf")
+    (state / "hanging").mkdir()
+    (state / "hanging" / "999999").write_text("")
+    assert fakegpu_cli("config", "--hang", "-1").returncode == 2  # usage error, knob unchanged
+    assert (state / "hang").exists()
+    assert fakegpu_cli("config", "--hang", "off").returncode == 0
+    assert fakegpu.hang_seconds() is None and fakegpu.hanging_pids() == []
+    assert fakegpu.smi(["-L"])[0] == 0  # the library never hangs
+
+
+def test_smi_hangs_forever_deaf_to_sigterm_until_sigkill(state):
+    (state / "hang").write_text("forever\n")
+    proc = subprocess.Popen([sys.executable, SMI, "--query-gpu=index", "--format=csv"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        poll(lambda: proc.pid in fakegpu.hanging_pids(), timeout=10.0, what="hanging marker")
+        proc.terminate()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)  # a negative condition: nothing to poll for
+        assert alive(proc.pid)
+    finally:
+        proc.kill()
+        out, _err = proc.communicate(timeout=10)
+    assert proc.returncode == -9 and out == b""
+    assert not alive(proc.pid)
+
+
+def test_smi_slow_answers_after_the_delay(state):
+    (state / "hang").write_text("0.5\n")
+    start = time.monotonic()
+    rc, out = smi("--query-gpu=index", "--format=csv,noheader")
+    assert time.monotonic() - start >= 0.5
+    assert (rc, out.splitlines()[:2]) == (0, ["0", "1"])
+    assert fakegpu.hanging_pids() == []  # marker removed when it answered
