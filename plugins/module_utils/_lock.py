@@ -1,47 +1,101 @@
 # -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Deploy lock decisions, pure: who may take the lock, given what the lock file says.
+"""The deploy lock: pure decisions (who may take it, given its owner record) and the few
+filesystem steps that make taking, taking over and releasing it atomic.
 
 A deploy is many tasks; nothing in Ansible holds a lock across them. The lock is a directory
-created with mkdir (atomic) holding an owner record; these functions decide what to do with an
-existing record so the module stays a thin shell around mkdir/rmdir.
+(``/run/dflash-trainer.deploy.lock``) holding an owner record (``owner.json``):
+
+- **taken** by renaming a complete directory (record already inside) onto the path: there is
+  never a lock without its record, and a second taker's rename fails on the non-empty directory;
+- **taken over** (stale) and **released** by renaming the lock aside first -- an atomic step only
+  one contender can make -- then checking that what was moved is still the record that was read
+  (else it is put back and nothing is done);
+- every decision is made holding ``flock`` on a sidecar file (``<path>.guard``, kept forever,
+  never removed): read, decide and rename happen as one step, so two contenders cannot both
+  judge the same stale record and both believe they hold the lock. The flock dies with its
+  process; it is held for milliseconds.
+
+The record says who holds it and since when (``since``, epoch seconds, and ``taken_at``); the
+optional ``heartbeat`` (last sign of life) and ``expires`` (epoch seconds) fields are honoured
+when present, so a holder that refreshes them can be expired early (nothing writes them yet).
+Nothing here raises on a race: a lock vanishing, garbage in the record, a file where the
+directory should be -- each becomes an outcome with words.
 """
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
+import errno
+import fcntl
 import json
+import os
+import shutil
+import time
 
 TAKE, KEEP, REFUSE, STALE = "take", "keep", "refuse", "stale"
+RELEASE, NONE, NOT_OURS, ERROR = "release", "none", "not_ours", "error"
+
+RECORD = "owner.json"
+# An unreadable record this young may be an older version of this module between its mkdir and
+# its record write: refuse rather than take it over.
+JUST_STARTING_S = 5.0
+GUARD_WAIT_S = 10.0
+ATTEMPTS = 3
 
 
-def owner_record(token, owner, now):
-    return json.dumps({"token": token, "owner": owner, "since": now}, sort_keys=True)
+# ---------------------------------------------------------------------------------------------
+# pure
+
+def owner_record(token, owner, now, heartbeat=None, expires=None):
+    rec = {"token": token, "owner": owner, "since": now,
+           "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+    if heartbeat is not None:
+        rec["heartbeat"] = heartbeat
+    if expires is not None:
+        rec["expires"] = expires
+    return json.dumps(rec, sort_keys=True)
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def parse_record(text):
-    """The owner record, or None when it is unreadable (a crash between mkdir and write)."""
+    """The owner record, or None when it is unreadable (garbage, a truncated write). Optional
+    ``heartbeat``/``expires`` that are not numbers are dropped."""
     try:
         rec = json.loads(text)
     except (TypeError, ValueError):
         return None
-    if not isinstance(rec, dict) or not isinstance(rec.get("since"), (int, float)):
+    if not isinstance(rec, dict) or not _number(rec.get("since")):
         return None
+    for key in ("heartbeat", "expires"):
+        if key in rec and not _number(rec[key]):
+            del rec[key]
     return rec
 
 
+def last_alive(record):
+    """When the holder last showed life: its heartbeat, else when it took the lock."""
+    return max(record["since"], record.get("heartbeat") or record["since"])
+
+
 def decide(record, token, now, stale_s):
-    """What to do when the lock directory already exists.
+    """What to do when the lock already exists.
 
     KEEP: it is ours (same token: the role ran again in the same play);
-    STALE: older than stale_s, or unreadable and older than a few seconds: take it over;
-    REFUSE: someone else's, recent.
+    STALE: no sign of life for stale_s, past its ``expires``, or unreadable: take it over;
+    REFUSE: someone else's, alive.
     """
     if record is None:
         return STALE
     if record.get("token") == token:
         return KEEP
-    if now - record["since"] > stale_s:
+    if "expires" in record and now > record["expires"]:
+        return STALE
+    if now - last_alive(record) > stale_s:
         return STALE
     return REFUSE
 
@@ -50,3 +104,214 @@ def refusal_message(path, record, now):
     return ("another deploy holds %s: %s since %d s ago; wait for it, or remove the lock if that "
             "deploy is dead (it is taken over by itself after trainer_lock_stale_s)"
             % (path, record.get("owner", "unknown"), int(now - record["since"])))
+
+
+def not_ours_message(path, record, now):
+    if record is None:
+        return ("lock %s has an unreadable owner record: it is not this play's to release; "
+                "left in place" % path)
+    return ("lock %s is held by %s since %d s ago, not by this play (was it taken over as "
+            "stale?); left in place: this play's changes were not exclusive"
+            % (path, record.get("owner", "unknown"), int(now - record["since"])))
+
+
+class Outcome(object):
+    """What acquire/release did: ``action`` (take, keep, stale, refuse, release, none,
+    not_ours, error), ``ok``, ``msg``, the ``record`` that decided it, ``changed``."""
+
+    def __init__(self, action, ok, msg="", record=None, changed=False):
+        self.action, self.ok, self.msg, self.record, self.changed = action, ok, msg, record, changed
+
+    def owner(self):
+        return (self.record or {}).get("owner", "unknown")
+
+    def __repr__(self):
+        return "Outcome(%s, ok=%s, %r)" % (self.action, self.ok, self.msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# filesystem steps (each safe against the lock changing under it)
+
+def read_lock(path):
+    """(record or None, raw text or None, exists, mtime). Never raises: a lock that vanishes
+    reads as absent; an unreadable one (garbage, no record, a file instead of the directory)
+    as (None, …, True, mtime)."""
+    try:
+        mtime = os.lstat(path).st_mtime
+    except OSError:
+        return None, None, False, None
+    try:
+        with open(os.path.join(path, RECORD), "rb") as fh:
+            text = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            return None, None, False, None  # vanished between the two looks
+        return None, None, True, mtime
+    except OSError:  # not a directory, unreadable
+        return None, None, True, mtime
+    return parse_record(text), text, True, mtime
+
+
+def _side(path, what):
+    return "%s.%s-%d-%d" % (path, what, os.getpid(), time.monotonic_ns())
+
+
+def _remove(path):
+    """Remove a directory tree or a file; an error is left for the next sweep."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _sweep(path):
+    """Under the guard nobody is between steps: leftovers of a killed contender are junk."""
+    parent, base = os.path.split(path)
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(base + ".") and name.split(".")[-1].split("-")[0] in ("new", "aside"):
+            _remove(os.path.join(parent, name))
+
+
+def _create(path, text):
+    """Put a lock holding ``text`` at path in one rename. False when a lock is already there."""
+    tmp = _side(path, "new")
+    os.mkdir(tmp, 0o700)
+    try:
+        with open(os.path.join(tmp, RECORD), "w") as fh:
+            fh.write(text)
+        try:
+            os.rename(tmp, path)  # onto a non-empty directory or a file: refused
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                return False
+            raise
+        return True
+    finally:
+        if os.path.lexists(tmp):
+            _remove(tmp)
+
+
+def _move_aside_if(path, expected_text):
+    """Rename the lock aside if it still holds ``expected_text``: (True, aside path), or
+    (False, reason) when it vanished or changed (then it is left, or put back, in place)."""
+    aside = _side(path, "aside")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False, "vanished"
+    _record, text, _exists, _mtime = read_lock(aside)
+    if text != expected_text:
+        with contextlib.suppress(OSError):
+            os.rename(aside, path)  # someone else's fresh lock: put it back
+        if os.path.lexists(aside):
+            _remove(aside)
+        return False, "changed"
+    return True, aside
+
+
+@contextlib.contextmanager
+def guard(path, wait_s=None, clock=time.monotonic):
+    """Hold flock on ``<path>.guard`` (polled, at most wait_s). Raises OSError (EAGAIN) when
+    it stays busy. The file is never removed; if someone removes it anyway, a holder notices
+    that its file is no longer the one at the path and takes the new one."""
+    name = path + ".guard"
+    wait_s = GUARD_WAIT_S if wait_s is None else wait_s
+    deadline = clock() + wait_s
+    while True:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if clock() > deadline:
+                        raise OSError(errno.EAGAIN, "lock guard %s still busy after %g s" % (name, wait_s))
+                    time.sleep(0.005)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(name).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                yield
+                return
+        finally:
+            os.close(fd)
+
+
+def acquire(path, token, owner, stale_s, clock=time.time):
+    """Take the lock, keep our own, take over a stale one, or refuse -> Outcome."""
+    try:
+        with guard(path):
+            _sweep(path)
+            for _attempt in range(ATTEMPTS):
+                now = clock()
+                record, text, exists, mtime = read_lock(path)
+                if not exists:
+                    if _create(path, owner_record(token, owner, now)):
+                        return Outcome(TAKE, True, "took %s" % path, changed=True)
+                    continue  # created under us by someone outside the guard: look again
+                if record is None and now - mtime < JUST_STARTING_S:
+                    record = {"owner": "a deploy that is just starting", "since": mtime}
+                    return Outcome(REFUSE, False, refusal_message(path, record, now), record)
+                verdict = decide(record, token, now, stale_s)
+                if verdict == KEEP:
+                    return Outcome(KEEP, True, "%s is already ours" % path, record)
+                if verdict == REFUSE:
+                    return Outcome(REFUSE, False, refusal_message(path, record, now), record)
+                moved, aside = _move_aside_if(path, text)
+                if not moved:
+                    continue  # it vanished or changed under us: look again
+                _remove(aside)
+                if _create(path, owner_record(token, owner, now)):
+                    return Outcome(STALE, True, "took over %s from %s" % (
+                        path, (record or {}).get("owner", "an unreadable record")), record, changed=True)
+            return Outcome(ERROR, False, "Unable to take lock %s: it kept changing under us (%d tries)"
+                           % (path, ATTEMPTS))
+    except OSError as exc:
+        return Outcome(ERROR, False, "Unable to take lock %s: %s" % (path, exc))
+
+
+def release(path, token, clock=time.time):
+    """Release the lock if it is ours -> Outcome: RELEASE; NONE (there was no lock: ok, but
+    worth a warning); NOT_OURS or ERROR (not ok: left in place / could not remove)."""
+    try:
+        with guard(path):
+            now = clock()
+            record, text, exists, _mtime = read_lock(path)
+            if not exists:
+                return Outcome(NONE, True, "lock %s was not held (already released or removed)" % path)
+            if record is None or record.get("token") != token:
+                return Outcome(NOT_OURS, False, not_ours_message(path, record, now), record)
+            moved, aside = _move_aside_if(path, text)
+            if not moved:
+                if aside == "vanished":
+                    return Outcome(NONE, True, "lock %s was removed by someone else" % path, record)
+                record, _text, _exists, _mtime = read_lock(path)
+                return Outcome(NOT_OURS, False, not_ours_message(path, record, now), record)
+            _remove(aside)
+            return Outcome(RELEASE, True, "released %s" % path, record, changed=True)
+    except OSError as exc:
+        return Outcome(ERROR, False, "Unable to release lock %s: %s" % (path, exc))
+
+
+def peek(path, token, stale_s, clock=time.time):
+    """What acquire would do, changing nothing (check mode) -> Outcome (changed: would change)."""
+    now = clock()
+    record, _text, exists, mtime = read_lock(path)
+    if not exists:
+        return Outcome(TAKE, True, "would take %s" % path, changed=True)
+    if record is None and now - mtime < JUST_STARTING_S:
+        record = {"owner": "a deploy that is just starting", "since": mtime}
+        return Outcome(REFUSE, False, refusal_message(path, record, now), record)
+    verdict = decide(record, token, now, stale_s)
+    if verdict == REFUSE:
+        return Outcome(REFUSE, False, refusal_message(path, record, now), record)
+    if verdict == KEEP:
+        return Outcome(KEEP, True, "%s is already ours" % path, record)
+    return Outcome(STALE, True, "would take over %s" % path, record, changed=True)

@@ -10,9 +10,20 @@ module: trainer_lock
 short_description: Hold a deploy lock in the container for the length of a play
 description:
   - Two deploys to one container (two people, a CI job and a person) would interleave their
-    stop, start and proof tasks. This lock is a directory created atomically with an owner record;
-    the role takes it before changing anything and releases it at the end, also on failure.
-  - A lock older than O(stale_s) is taken over, so a killed play does not block the next one forever.
+    stop, start and proof tasks. This lock is a directory put in place by one rename with its owner
+    record already inside; the role takes it before changing anything and releases it at the end,
+    also on failure.
+  - >-
+    A lock older than O(stale_s) is taken over, so a killed play does not block the next one forever.
+    Every decision (take, take over, release) is made holding C(flock) on C(<path>.guard), and a
+    lock is taken over or released by renaming it aside only if it still holds the record that was
+    read; of many contenders for one stale lock exactly one wins, the others are refused with its owner.
+  - >-
+    The owner record holds the token, the owner, when it was taken (C(since), C(taken_at)) and,
+    optionally, C(heartbeat) and C(expires) (epoch seconds), honoured when present.
+  - >-
+    A release that does not happen fails the task, when the lock is someone else's (ours was taken
+    over as stale, so this play was not alone) or cannot be removed. A lock already gone is a warning.
 author:
   - dflash.trainer maintainers (@dflash)
 version_added: 0.1.0
@@ -22,7 +33,7 @@ options:
     type: path
     default: /run/dflash-trainer.deploy.lock
   state:
-    description: V(present) takes the lock, V(absent) releases it (only when the token matches).
+    description: V(present) takes the lock, V(absent) releases it (only when the token matches; fails otherwise).
     type: str
     choices: [present, absent]
     default: present
@@ -42,7 +53,7 @@ attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: Takes or releases nothing in check mode.
+    details: Takes or releases nothing in check mode; reports what it would do.
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
@@ -62,10 +73,18 @@ EXAMPLES = r"""
 
 RETURN = r"""
 action:
-  description: What was done, V(take), V(keep) (already ours), V(stale) (taken over), V(release), V(none).
+  description: >-
+    What was done: V(take), V(keep) (already ours), V(stale) (taken over), V(release), V(none) (nothing
+    to release); on failure V(refuse) (held by another deploy), V(not_ours) (the lock to release is
+    someone else's) or V(error).
   returned: always
   type: str
   sample: take
+owner:
+  description: Owner of the lock that refused us, or of the lock that is not ours to release.
+  returned: when RV(action) is V(refuse) or V(not_ours)
+  type: str
+  sample: alice on laptop
 previous_owner:
   description: Owner of a lock that was taken over.
   returned: when RV(action) is V(stale)
@@ -73,28 +92,11 @@ previous_owner:
   sample: alice on laptop
 """
 
-import os
-import shutil
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import (
-    KEEP, REFUSE, decide, owner_record, parse_record, refusal_message)
-
-
-def read_record(path):
-    try:
-        with open(os.path.join(path, "owner.json")) as fh:
-            return parse_record(fh.read())
-    except (IOError, OSError):
-        return None
-
-
-def write_record(path, record):
-    tmp = os.path.join(path, ".owner.json.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(record)
-    os.rename(tmp, os.path.join(path, "owner.json"))
+    NONE, NOT_OURS, REFUSE, RELEASE, STALE, acquire, peek, read_lock, release)
 
 
 def main():
@@ -109,34 +111,28 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    path, now = p["path"], time.time()
-    record = read_record(path) if os.path.isdir(path) else None
 
     if p["state"] == "absent":
-        if record is None or record.get("token") != p["token"]:
-            module.exit_json(changed=False, action="none")
-        if not module.check_mode:
-            shutil.rmtree(path, ignore_errors=True)
-        module.exit_json(changed=True, action="release")
+        if module.check_mode:
+            record, _text, exists, _mtime = read_lock(p["path"])
+            ours = exists and record is not None and record.get("token") == p["token"]
+            module.exit_json(changed=ours, action=RELEASE if ours else (NOT_OURS if exists else NONE))
+        out = release(p["path"], p["token"])
+    elif module.check_mode:
+        out = peek(p["path"], p["token"], p["stale_s"])
+        if not out.ok:
+            module.warn(out.msg)
+        module.exit_json(changed=out.changed, action=out.action, msg="check mode: " + out.msg)
+    else:
+        out = acquire(p["path"], p["token"], p["owner"], p["stale_s"], clock=time.time)
 
-    if module.check_mode:
-        module.exit_json(changed=False, action="none", msg="check mode: the lock is neither taken nor checked")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        if record is None and now - os.stat(path).st_mtime < 5:
-            record = {"owner": "a deploy that is just starting", "since": now}  # mkdir done, record not yet
-        verdict = decide(record, p["token"], now, p["stale_s"])
-        if verdict == REFUSE:
-            module.fail_json(msg=refusal_message(path, record, now), owner=record.get("owner"))
-        if verdict == KEEP:
-            module.exit_json(changed=False, action="keep")
-        write_record(path, owner_record(p["token"], p["owner"], now))
-        module.exit_json(changed=True, action="stale", previous_owner=(record or {}).get("owner", "unknown"))
-    except OSError as exc:
-        module.fail_json(msg="Unable to create lock %s: %s" % (path, exc))
-    write_record(path, owner_record(p["token"], p["owner"], now))
-    module.exit_json(changed=True, action="take")
+    if not out.ok:
+        extra = dict(owner=out.owner()) if out.action in (REFUSE, NOT_OURS) else {}
+        module.fail_json(msg=out.msg, action=out.action, **extra)
+    if out.action == NONE:
+        module.warn(out.msg)
+    extra = dict(previous_owner=out.owner()) if out.action == STALE else {}
+    module.exit_json(changed=out.changed, action=out.action, msg=out.msg, **extra)
 
 
 if __name__ == "__main__":
