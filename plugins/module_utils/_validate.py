@@ -68,6 +68,7 @@ _NUMBERS = (
     ("trainer_ready_timeout_s", 1, SECONDS_MAX, "s"),
     ("trainer_ready_interval_s", 0.05, 3600, "s"),
     ("trainer_log_tail_lines", 0, 10000, "lines"),
+    ("trainer_preflight_timeout_s", 1, 3600, "s"),
 )
 
 _PATHS = ("trainer_root", "trainer_log_path", "trainer_env_file", "trainer_inductor_cache_dir",
@@ -304,12 +305,14 @@ def _regex_problems(v):
     return problems
 
 
-def _command_problems(v):
-    name = "trainer_command"
-    accepted = "a non-empty list of strings (argv), e.g. ['./run.sh'] or ['python3', 'train.py']"
+def _command_problems(v, name="trainer_command", may_be_empty=False):
+    accepted = "a %slist of strings (argv), e.g. ['./run.sh'] or ['python3', 'train.py']" % (
+        "" if may_be_empty else "non-empty ")
     cmd = v.get(name)
     if isinstance(cmd, str):
         return [Problem(name, "is a string, not a list: it would run as one word", accepted, cmd)]
+    if may_be_empty and isinstance(cmd, (list, tuple)) and not cmd:
+        return []
     if not isinstance(cmd, (list, tuple)) or not cmd:
         return [Problem(name, "is empty or not a list", accepted, cmd)]
     for i, word in enumerate(cmd):
@@ -471,6 +474,8 @@ def check(v, entry="main"):
     problems.extend(_regex_problems(v))
     if "trainer_command" in v:
         problems.extend(_command_problems(v))
+    if "trainer_preflight_command" in v:
+        problems.extend(_command_problems(v, "trainer_preflight_command", may_be_empty=True))
     problems.extend(_env_problems(v))
     if "trainer_gpus" in v:
         problems.extend(_gpus_problems(v))

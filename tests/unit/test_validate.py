@@ -199,3 +199,11 @@ def test_message_lists_every_problem():
     msg = v.message(v.check(d))
     assert msg.startswith("refused before any change on the target (2 problems):")
     assert "- trainer_unit_name:" in msg and "- trainer_release_keep:" in msg
+
+
+def test_preflight_variables():
+    assert problems(trainer_preflight_command=["python3", "-c", "import train"]) == []
+    got = problems(trainer_preflight_command="python3 -c 'import train'")
+    assert got[0].startswith("trainer_preflight_command:") and "not a list" in got[0]
+    got = problems(trainer_preflight_timeout_s=0)
+    assert got[0].startswith("trainer_preflight_timeout_s:") and "out of range" in got[0]

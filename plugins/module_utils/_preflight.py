@@ -1,0 +1,147 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pre-flight of a release while the old trainer still runs (pure decisions, unit-tested).
+
+A release whose command cannot run (no exec bit, a missing interpreter, a missing module at
+import) used to stop a healthy trainer first and be found out after the start. These checks run
+before the stop: ``command_problem`` (the command exists and can be executed, or is run through
+an interpreter that exists), the user's own pre-flight command (run by the module), and
+``gpu_problem`` (no trainer GPU holds memory that is not the running trainer's own: such a holder
+would only fail the drain gate after the stop, stranding a stopped trainer).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+# systemd's default PATH for system units (a unit without Environment=PATH= gets this)
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# interpreters whose first non-option argument is a file the release must hold
+INTERPRETERS = ("python", "python3", "bash", "sh", "dash", "perl", "ruby", "node")
+
+
+def which(name, path):
+    """The first executable regular file called ``name`` on ``path`` (a PATH string), or None."""
+    for d in (path or "").split(":"):
+        if not d:
+            continue
+        candidate = os.path.join(d, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _mode(path):
+    try:
+        return "%04o" % stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return "?"
+
+
+def shebang(path):
+    """The interpreter argv of a script's ``#!`` line, or None."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    return words or None
+
+
+def command_problem(argv, release_dir, path=SYSTEMD_PATH, release=None):
+    """Why ``argv`` cannot start in ``release_dir`` (words), or None.
+
+    Follows what execve would do: a word with a '/' is a file (relative to the release
+    directory), which must be a regular, executable file whose ``#!`` interpreter exists; a bare
+    word is looked up on PATH. An interpreter (python3, bash, ...) given a relative script
+    needs that script in the release.
+    """
+    where = "release %s" % (release or os.path.basename(release_dir.rstrip("/")))
+    if not argv:
+        return "trainer_command is empty"
+    prog = str(argv[0])
+    if "/" in prog:
+        full = prog if prog.startswith("/") else os.path.join(release_dir, prog)
+        if not os.path.exists(full):
+            return "trainer_command[0] %s does not exist in %s" % (prog, where)
+        if not os.path.isfile(full):
+            return "trainer_command[0] %s in %s is not a regular file" % (prog, where)
+        if not os.access(full, os.X_OK):
+            return ("trainer_command[0] %s in %s is not executable (mode %s): set its exec bit in the source, "
+                    "or run it through its interpreter, e.g. ['bash', '%s']" % (prog, where, _mode(full), prog))
+        interp = shebang(full)
+        if interp:
+            exe = interp[0]
+            if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+                return "trainer_command[0] %s in %s names the interpreter %s in its #! line, which does not exist" % (
+                    prog, where, exe)
+            if os.path.basename(exe) == "env" and len(interp) > 1 and not interp[1].startswith("-"):
+                if which(interp[1], path) is None:
+                    return "trainer_command[0] %s in %s runs %s (#!%s), which is not on PATH (%s)" % (
+                        prog, where, interp[1], " ".join(interp), path)
+        return None
+    found = which(prog, path)
+    if found is None:
+        return "trainer_command[0] %s is not on PATH (%s)" % (prog, path)
+    if os.path.basename(prog).rstrip("0123456789.") in INTERPRETERS:
+        script = None
+        for word in (str(a) for a in argv[1:]):
+            if word in ("-c", "-m") or (word.startswith("-") and not word.startswith("--") and "c" in word):
+                break  # code or a module follows, not a file
+            if word.startswith("-"):
+                continue
+            script = word
+            break
+        if script and not script.startswith("/") and not os.path.exists(os.path.join(release_dir, script)):
+            return "trainer_command runs %s %s, which does not exist in %s" % (prog, script, where)
+    return None
+
+
+def gpu_problem(gpus, indexes, max_mib, running, trainer_pids, visible_pid=None):
+    """Why a trainer GPU is held by someone else (words), or None.
+
+    ``gpus``: read_gpus() output (index, memory_used_mib, processes with pid). The trainer not
+    running: any trainer GPU above ``max_mib`` is someone else's. Running: a listed holder whose
+    pid is visible here and not the trainer's is someone else's; when nvidia-smi lists no
+    visible PIDs (a container: the driver reports host PIDs) memory cannot be attributed, and the
+    drain gate after the stop stays the judge.
+    """
+    visible_pid = visible_pid or (lambda pid: os.path.exists("/proc/%d" % pid))
+    by_index = dict((g.get("index"), g) for g in gpus)
+    held = []
+    strangers = []
+    for i in indexes:
+        g = by_index.get(i)
+        if g is None:
+            continue
+        used = g.get("memory_used_mib")
+        if used is None or used <= max_mib:
+            continue
+        held.append((i, used))
+        for proc in g.get("processes") or []:
+            pid = proc.get("pid")
+            if isinstance(pid, int) and visible_pid(pid) and pid not in trainer_pids:
+                strangers.append("pid %d %s (%s MiB on GPU %d)" % (
+                    pid, proc.get("process_name") or "?", proc.get("used_memory_mib", "?"), i))
+    if not held:
+        return None
+    gpus_words = ", ".join("GPU %d %d MiB" % h for h in held)
+    if not running:
+        who = "; holders: " + ", ".join(strangers) if strangers else ""
+        return ("%s held while the trainer is stopped (above trainer_drain_max_mib %d): the drain gate "
+                "would fail after the stop%s" % (gpus_words, max_mib, who))
+    if strangers:
+        return ("trainer GPUs hold memory that is not the running trainer's: %s; the drain gate would fail "
+                "after the stop" % ", ".join(strangers))
+    return None
+
+
+def output_tail(stdout, stderr, lines=20):
+    text = (stdout or "") + (("\n" + stderr) if stderr else "")
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return tail
