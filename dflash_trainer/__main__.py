@@ -1,7 +1,11 @@
 """python -m dflash_trainer deploy|status|restart|rollback [-l HOST] [-i INVENTORY] [-e k=v]... [--json]
 
-Exit status: 0 when every host is ok, 1 when the run or a host failed, 2 on a usage error.
+Exit status: 0 when every host is ok, 1 when the run or a host failed (a run that matches no
+host included), 2 on a usage error.
 -e takes what ansible-playbook's -e takes: key=value (value a string), a JSON object, @file (YAML/JSON).
+Configuration and inventory are the caller's, as for ansible-playbook run from the checkout:
+$ANSIBLE_CONFIG when set (else the checkout's ansible.cfg), -i when given (else that
+configuration's inventory); host key checking stays as that configuration says.
 """
 from __future__ import annotations
 
@@ -63,10 +67,12 @@ def describe_host(h: HostResult) -> list[str]:
     return lines
 
 
-def describe(result: RunResult) -> str:
+def describe(result: RunResult, limit: Optional[str] = None) -> str:
     lines = ["%s (runner status %s, rc %s)" % ("OK" if result.ok else "FAILED", result.status, result.rc)]
     if not result.hosts:
-        lines.append("no host was processed (does the limit match a host of the play's group?)")
+        lines.append("no host matched%s: no host was processed (the playbooks act on the group trainer_hosts "
+                     "of the inventory, or -e trainer_target_hosts=PATTERN)"
+                     % (" the limit %r" % limit if limit else ""))
     for h in result.hosts.values():
         lines.extend(describe_host(h))
     return "\n".join(lines)
@@ -77,7 +83,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                      description="Run the dflash.trainer playbooks and report typed per-host results.")
     parser.add_argument("action", choices=sorted(api.PLAYBOOKS))
     parser.add_argument("-l", "--limit", help="host pattern (ansible-playbook -l)")
-    parser.add_argument("-i", "--inventory", help="inventory path (default: inventory/lab.yml)")
+    parser.add_argument("-i", "--inventory",
+                        help="inventory path or host list (default: the configured inventory, as ansible-playbook)")
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
                         help="key=value, a JSON object or @file; repeatable")
     parser.add_argument("--release", help="rollback: the release to switch to (default: the last good one)")
@@ -103,7 +110,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
-        print(describe(result))
+        print(describe(result, args.limit))
     return 0 if result.ok else 1
 
 

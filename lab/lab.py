@@ -13,7 +13,8 @@ What `up` builds (all real parts, only the GPU is simulated):
 - the simulated GPU (lab/fakegpu: library + nvidia-smi stand-in) inside each container;
 - /usr/sbin/pct (lab/pct): Proxmox's pct CLI shapes on top of lxc-attach/lxc-start;
 - sshd on 127.0.0.1:PORT with its own host key, pid file and a client key, so playbooks take the
-  real path ssh -> pct exec -> container.
+  real path ssh -> pct exec -> container; the host key goes into SSH_DIR/known_hosts
+  (`[127.0.0.1]:PORT ssh-ed25519 ...`), so clients check it as they would a real node's.
 """
 import argparse
 import glob
@@ -31,6 +32,9 @@ STATE_DIR = os.environ.get("DFLASH_LAB_STATE", "/var/lib/dflash-lab")
 LXC_PATH = "/var/lib/lxc"
 SSH_PORT = int(os.environ.get("DFLASH_LAB_SSH_PORT", "2222"))
 SSH_DIR = os.path.join(STATE_DIR, "ssh")
+# The lab sshd's host key as ssh expects it, written by `up`: inventories of the lab name this file
+# (ansible_pct_known_hosts_file) and keep host key checking on, as for a real node.
+KNOWN_HOSTS = os.path.join(SSH_DIR, "known_hosts")
 PCT_PATH = "/usr/sbin/pct"
 HOST_PACKAGES = ["lxc", "debootstrap", "openssh-server", "openssh-client"]
 ROOTFS_PACKAGES = "systemd,systemd-sysv,python3,dbus,procps"
@@ -232,6 +236,7 @@ def ensure_sshd():
         pub = fh.read()
     with open(os.path.join(SSH_DIR, "authorized_keys"), "w") as fh:
         fh.write(pub)
+    write_known_hosts(hostkey + ".pub")
     cfg = os.path.join(SSH_DIR, "sshd_config")
     with open(cfg, "w") as fh:
         fh.write(sshd_config())
@@ -252,15 +257,39 @@ def ensure_sshd():
     raise SystemExit("lab: sshd on 127.0.0.1:%d does not accept the lab key" % SSH_PORT)
 
 
+def known_hosts_line(host_pub, host="127.0.0.1", port=SSH_PORT):
+    """The known_hosts entry for the lab sshd: `[host]:port keytype key` (plain `host` on 22)."""
+    keytype, key = host_pub.split()[:2]
+    name = host if port == 22 else "[%s]:%d" % (host, port)
+    return "%s %s %s\n" % (name, keytype, key)
+
+
+def write_known_hosts(host_pub_path):
+    """SSH_DIR/known_hosts from the host key; rewritten (atomically) only when it differs."""
+    with open(host_pub_path) as fh:
+        line = known_hosts_line(fh.read())
+    try:
+        with open(KNOWN_HOSTS) as fh:
+            if fh.read() == line:
+                return
+    except OSError:
+        pass
+    tmp = KNOWN_HOSTS + ".new"
+    with open(tmp, "w") as fh:
+        fh.write(line)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, KNOWN_HOSTS)
+
+
 def ssh_argv():
     return ["ssh", "-p", str(SSH_PORT), "-i", os.path.join(SSH_DIR, "id_ed25519"),
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + KNOWN_HOSTS,
             "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "root@127.0.0.1"]
 
 
 def write_facts(ids):
     facts = {"ssh_host": "127.0.0.1", "ssh_port": SSH_PORT, "ssh_user": "root",
-             "ssh_private_key": os.path.join(SSH_DIR, "id_ed25519"), "pct": PCT_PATH,
+             "ssh_private_key": os.path.join(SSH_DIR, "id_ed25519"), "known_hosts": KNOWN_HOSTS, "pct": PCT_PATH,
              "containers": sorted(set(ids) | set(lab_ids()), key=int)}
     with open(os.path.join(STATE_DIR, "lab.json"), "w") as fh:
         json.dump(facts, fh, indent=2)

@@ -20,8 +20,13 @@ description:
     fails with a clear message.
   - Known failures of the transport become C(AnsibleConnectionFailure) (the host is reported
     UNREACHABLE) with a message naming the container and the host - container not running,
-    unknown VMID, host unreachable, authentication failure, sudo or pct missing on the host.
-    Any other exit status, 255 included, is the command's own and is returned to the task.
+    unknown VMID, host unreachable, authentication failure, host key not accepted, sudo refusing
+    or pct missing on the host. Every call prints a mark on stderr first thing in the container
+    (removed from what the task sees); once it has, the exit status and the texts are the
+    command's own, whatever they say - 255, an C(ssh) or a C(sudo:) error of a command run in
+    the container included - and are returned to the task.
+  - The host key is checked (C(StrictHostKeyChecking=yes)) unless O(host_key_checking=false);
+    O(known_hosts_file) names the file that holds it.
   - With O(pct_local=true), Ansible runs on the Proxmox host itself and C(pct) is run directly.
 author: dflash.trainer maintainers (@dflash)
 version_added: 0.1.0
@@ -214,7 +219,8 @@ options:
       - Also bound each command inside the container with C(timeout -k 5) at
         O(pct_command_timeout) + 2 s, when the container has C(timeout) (coreutils or busybox), so
         a command that timed out does not keep running there. Not used with O(pct_tty).
-      - V(false) runs exactly C(pct exec VMID -- /bin/sh -c CMD).
+      - V(false) runs C(pct exec VMID -- /bin/sh -c MARK_THEN_CMD sh CMD), which prints the mark and
+        execs C(/bin/sh -c CMD).
     type: boolean
     default: true
     ini:
@@ -239,8 +245,13 @@ options:
       - name: ansible_ssh_timeout
   host_key_checking:
     description:
-      - Check the Proxmox host's key (Ansible's default). V(false) adds
-        C(StrictHostKeyChecking=no) and C(UserKnownHostsFile=/dev/null).
+      - Check the Proxmox host's key with C(StrictHostKeyChecking=yes). A node whose key is not
+        in the known_hosts file, or differs from it, fails as unreachable with
+        C(host key of HOST was not accepted). This holds whatever the ssh client's own
+        configuration says; only O(ssh_extra_args) can override it.
+      - V(false) adds C(StrictHostKeyChecking=no) and C(UserKnownHostsFile=/dev/null). Any key
+        is accepted then, so anyone on the path can pose as the node, which is root on every
+        container. Only for a throw-away lab; pin the key with O(known_hosts_file) instead.
     type: boolean
     default: true
     ini:
@@ -252,6 +263,34 @@ options:
     vars:
       - name: ansible_host_key_checking
       - name: ansible_ssh_host_key_checking
+  host_key_accept_new:
+    description:
+      - With O(host_key_checking), accept and record the key of a node not yet known
+        (C(StrictHostKeyChecking=accept-new)); a known node whose key changed still fails.
+      - Trust on first use - only when you ask for it.
+    type: boolean
+    default: false
+    ini:
+      - section: pct_connection
+        key: host_key_accept_new
+    env:
+      - name: ANSIBLE_PCT_HOST_KEY_ACCEPT_NEW
+    vars:
+      - name: ansible_pct_host_key_accept_new
+  known_hosts_file:
+    description:
+      - known_hosts file holding the Proxmox host's key (C(UserKnownHostsFile)), instead of
+        C(~/.ssh/known_hosts). Entries for a port other than 22 read C([host]:port key).
+      - The lab (C(lab/lab.py up)) writes its sshd's key to
+        C(/var/lib/dflash-lab/ssh/known_hosts), which C(inventory/lab.yml) names here.
+    type: string
+    ini:
+      - section: pct_connection
+        key: known_hosts_file
+    env:
+      - name: ANSIBLE_PCT_KNOWN_HOSTS_FILE
+    vars:
+      - name: ansible_pct_known_hosts_file
   pipelining:
     description: Feed modules on stdin instead of copying them (one round trip per module task).
     type: boolean
@@ -299,12 +338,21 @@ from ansible.utils.display import Display
 
 display = Display()
 
+# The first thing every call prints in the container, on stderr: a call whose stderr has this
+# line reached the container, so its exit status and texts are the command's own, whatever
+# they say (an ssh, sudo or pct inside the container). Removed from stderr before anyone sees it.
+STARTED_MARK = 'dflash-pct-started'
+_MARK = 'printf "%s\\n" ' + STARTED_MARK + ' >&2; '
+_STARTED = re.compile(rb'(?:^|(?<=\n))' + re.escape(STARTED_MARK.encode()) + rb'\r?\n')
 # In the container, `$1` is the path: never interpolated into the script.
-PUT_SCRIPT = 'cat > "$1" && wc -c < "$1"'
-FETCH_SCRIPT = 'n=$(wc -c < "$1") || exit 1; printf "dflash-pct-size %s\\n" "$n" >&2; exec cat < "$1"'
-# In the container: bound CMD ("$2") by timeout(1) where the container has it, so a call that
-# timed out on the controller does not live on there; timeout(1) signals the whole group.
-GUARD_SCRIPT = 'command -v timeout >/dev/null 2>&1 && exec timeout -k 5 "$1" /bin/sh -c "$2"; exec /bin/sh -c "$2"'
+PUT_SCRIPT = _MARK + 'cat > "$1" && wc -c < "$1"'
+FETCH_SCRIPT = _MARK + 'n=$(wc -c < "$1") || exit 1; printf "dflash-pct-size %s\\n" "$n" >&2; exec cat < "$1"'
+# In the container: run CMD ("$1") after the mark.
+RUN_SCRIPT = _MARK + 'exec /bin/sh -c "$1"'
+# The same, CMD ("$2") bounded by timeout(1) where the container has it, so a call that timed
+# out on the controller does not live on there; timeout(1) signals the whole group.
+GUARD_SCRIPT = _MARK + ('command -v timeout >/dev/null 2>&1 && exec timeout -k 5 "$1" /bin/sh -c "$2"; '
+                        'exec /bin/sh -c "$2"')
 GUARD_GRACE_S = 2
 COPY_CHUNK = 1024 * 1024
 SIZE_MARK = re.compile(r"^dflash-pct-size\s+(\d+)\s*$", re.M)
@@ -317,12 +365,24 @@ _SSH_UNREACHABLE = re.compile(
     r"|Connection reset by .*|ssh_exchange_identification: .*")
 _SSH_AUTH = re.compile(r".*Permission denied \(.*|Too many authentication failures.*")
 _SSH_HOSTKEY = re.compile(r"Host key verification failed.*|.*REMOTE HOST IDENTIFICATION HAS CHANGED.*")
+_SSH_HOSTKEY_CHANGED = re.compile(r".*REMOTE HOST IDENTIFICATION HAS CHANGED.*")
+_SSH_HOSTKEY_UNKNOWN = re.compile(r"No \S+ host key is known for .*")
 # stderr of Proxmox's pct (exit 255).
 _PCT_NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist.*")
 _PCT_NOT_RUNNING = re.compile(
     r"(?:Error: )?container '?\d+'? not running!?.*|can only (?:push|pull) files (?:to|from) a running (?:CT|VM).*"
     r"|CT \d+ not running.*")
 _PCT_BAD_VMID = re.compile(r"400 Parameter verification failed\..*|vmid: invalid format.*")
+# stderr of `sudo -n` itself when it refuses to run pct (exit 1), old and new sudo wordings.
+_SUDO_REFUSED = re.compile(
+    r"(?:sudo: )?(?:a password is required|a terminal is required to read the password.*"
+    r"|no tty present and no askpass program specified|sorry, you must have a tty to run sudo"
+    r"|Sorry, user \S+ (?:is not allowed to execute .*|may not run sudo on .*)"
+    r"|\S+ is not in the sudoers file.*|account validation failure.*|PAM account management error.*"
+    r"|\d+ incorrect password attempts?)")
+_SUDO_NO_PCT = re.compile(r"sudo: .*: command not found")
+# the host's login shell when sudo itself is missing (exit 127): bash, dash
+_SUDO_MISSING = re.compile(r".*\bsudo: (?:command )?not found|.*\bsudo: No such file or directory")
 
 
 def _first(pattern: t.Pattern, text: str) -> str | None:
@@ -333,13 +393,27 @@ def _first(pattern: t.Pattern, text: str) -> str | None:
     return None
 
 
+def split_started(stderr: bytes) -> tuple[bool, bytes]:
+    """(did the call reach the container, stderr without the STARTED_MARK line)."""
+    match = _STARTED.search(stderr)
+    if not match:
+        return False, stderr
+    return True, stderr[:match.start()] + stderr[match.end():]
+
+
 def classify_failure(rc: int, stderr: str, host: str, vmid: str, pct_path: str = "/usr/sbin/pct",
-                     local: bool = False) -> str | None:
+                     local: bool = False, sudo: bool = False, started: bool = False) -> str | None:
     """Message for AnsibleConnectionFailure when (rc, stderr) is a transport failure, else None.
 
-    Pure: the unit test drives it from a table. pct and ssh both exit 255; they are told apart
-    by their messages. Anything unrecognised is the container command's own result.
+    Pure: the unit test drives it from a table. `started`: the call reached the container (its
+    stderr held STARTED_MARK), so nothing is a transport failure - the status and the texts are
+    the command's own, even a `sudo: ...` or an ssh error of a command run in the container.
+    Before that, ssh and pct both exit 255 and are told apart by their messages; sudo (only when
+    `sudo`, i.e. pct_sudo, put it there) exits 1 with its own texts. Anything unrecognised is
+    returned to the task as it is.
     """
+    if started:
+        return None
     where = "this host (local pct)" if local else host
     if rc == 255:
         line = _first(_PCT_NO_CONFIG, stderr)
@@ -355,14 +429,31 @@ def classify_failure(rc: int, stderr: str, host: str, vmid: str, pct_path: str =
             line = _first(_SSH_AUTH, stderr)
             if line:
                 return "authentication to %s failed (ssh): %s" % (host, line)
+            if _first(_SSH_HOSTKEY_CHANGED, stderr):
+                return ("host key of %s was not accepted (ssh): it CHANGED (REMOTE HOST IDENTIFICATION HAS CHANGED)"
+                        " - someone may be posing as the node; compare its fingerprint before fixing known_hosts"
+                        % host)
+            line = _first(_SSH_HOSTKEY_UNKNOWN, stderr)
+            if line:
+                return ("host key of %s was not accepted (ssh): %s - add the node's key to known_hosts "
+                        "(docs/real-host.md)" % (host, line))
             line = _first(_SSH_HOSTKEY, stderr)
             if line:
                 return "host key of %s was not accepted (ssh): %s" % (host, line)
             line = _first(_SSH_UNREACHABLE, stderr)
             if line:
                 return "host %s is unreachable (ssh): %s" % (host, line)
-    if rc == 1 and stderr.lstrip().startswith("sudo:"):
-        return "sudo -n for pct failed on %s: %s" % (where, stderr.strip().splitlines()[0])
+    if sudo and rc == 1:
+        line = _first(_SUDO_REFUSED, stderr)
+        if line:
+            return "sudo -n for pct failed on %s: %s" % (where, line)
+        line = _first(_SUDO_NO_PCT, stderr)
+        if line:
+            return "pct (%s) cannot be run on %s: %s" % (pct_path, where, line)
+    if sudo and rc == 127:
+        line = _first(_SUDO_MISSING, stderr)
+        if line:
+            return "sudo cannot be run on %s (pct_sudo): %s" % (where, line)
     if rc in (126, 127) and pct_path in stderr and re.search(r"not found|No such file|Permission denied", stderr):
         return "pct (%s) cannot be run on %s: %s" % (pct_path, where, stderr.strip().splitlines()[-1])
     return None
@@ -403,12 +494,15 @@ class Connection(ConnectionBase):
     def _build_remote_command(self, cmd: str, tty: bool = False) -> list[str]:
         """argv run on the Proxmox host for a shell string `cmd` run in the container.
 
-        `pct exec VMID -- /bin/sh -c CMD`, or with the in-container guard (pct_timeout_in_container,
-        not on a tty) `pct exec VMID -- /bin/sh -c GUARD sh SECONDS CMD`.
+        `pct exec VMID -- /bin/sh -c RUN_SCRIPT sh CMD` (the mark, then CMD), with the in-container
+        guard (pct_timeout_in_container) `pct exec VMID -- /bin/sh -c GUARD_SCRIPT sh SECONDS CMD`,
+        on a tty `pct exec VMID -- /bin/sh -c CMD` (no mark: stdout and stderr share the pty).
         """
-        if self.get_option('pct_timeout_in_container') and not tty:
+        if tty:  # stdout and stderr share the pty: no mark (see _run)
+            return self._pct_argv(['/bin/sh', '-c', cmd])
+        if self.get_option('pct_timeout_in_container'):
             return self._pct_argv(['/bin/sh', '-c', GUARD_SCRIPT, 'sh', str(self._timeout() + GUARD_GRACE_S), cmd])
-        return self._pct_argv(['/bin/sh', '-c', cmd])
+        return self._pct_argv(['/bin/sh', '-c', RUN_SCRIPT, 'sh', cmd])
 
     def _pct_argv(self, container_argv: list[str]) -> list[str]:
         argv = [to_text(self.get_option('pct_path')), 'exec', self._vmid, '--'] + list(container_argv)
@@ -441,8 +535,7 @@ class Connection(ConnectionBase):
         if key:
             argv += ['-i', os.path.expanduser(to_text(key))]
         opts = ['BatchMode=yes', 'LogLevel=ERROR', 'ConnectTimeout=%d' % int(self.get_option('connect_timeout'))]
-        if not self.get_option('host_key_checking'):
-            opts += ['StrictHostKeyChecking=no', 'UserKnownHostsFile=/dev/null']
+        opts += self._host_key_options()
         persist = int(self.get_option('control_persist'))
         if persist > 0:
             opts += ['ControlMaster=auto', 'ControlPersist=%ds' % persist, 'ControlPath=%s' % self._control_path()]
@@ -454,6 +547,16 @@ class Connection(ConnectionBase):
         if control is None:
             argv.append(quote_remote(remote_argv))
         return argv
+
+    def _host_key_options(self) -> list[str]:
+        """ssh -o options for the host key: checked unless host_key_checking is false."""
+        if not self.get_option('host_key_checking'):
+            return ['StrictHostKeyChecking=no', 'UserKnownHostsFile=/dev/null']
+        opts = ['StrictHostKeyChecking=%s' % ('accept-new' if self.get_option('host_key_accept_new') else 'yes')]
+        known_hosts = self.get_option('known_hosts_file')
+        if known_hosts:
+            opts.append('UserKnownHostsFile=%s' % _ssh_config_quote(os.path.expanduser(to_text(known_hosts))))
+        return opts
 
     # ---- running ----------------------------------------------------------------------------
     def _connect(self):
@@ -504,9 +607,9 @@ class Connection(ConnectionBase):
             self._kill(proc)
             raise
         out = out if out is not None else b''
-        err = err or b''
+        started, err = split_started(err or b'')
         rc = proc.returncode
-        self._raise_for_transport(rc, err)
+        self._raise_for_transport(rc, err, started)
         return rc, out, err
 
     @staticmethod
@@ -559,10 +662,12 @@ class Connection(ConnectionBase):
                     pass
         proc.wait()
 
-    def _raise_for_transport(self, rc: int, err: bytes) -> None:
+    def _raise_for_transport(self, rc: int, err: bytes, started: bool) -> None:
+        if started or rc == 0:
+            return
         msg = classify_failure(rc, to_text(err, errors='surrogate_or_replace'), self._host,
                                to_text(self.get_option('proxmox_vmid')), to_text(self.get_option('pct_path')),
-                               bool(self.get_option('pct_local')))
+                               local=bool(self.get_option('pct_local')), sudo=bool(self.get_option('pct_sudo')))
         if msg:
             raise AnsibleConnectionFailure(msg)
 
@@ -632,6 +737,11 @@ class Connection(ConnectionBase):
     def close(self) -> None:
         """Called after every task: keep the master (ControlPersist ends it), drop our state only."""
         self._connected = False
+
+
+def _ssh_config_quote(value: str) -> str:
+    """A value for `ssh -o KEY=VALUE`: ssh splits it like its config file, so quote spaces."""
+    return '"%s"' % value if re.search(r'[\s"]', value) else value
 
 
 def _umask() -> int:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -69,3 +70,50 @@ def test_cli_status_json(deployed):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"] is True and out["hosts"][HOST]["status"]["running_release"] == deployed.hosts[HOST].release
+
+
+# ---- the caller's configuration and inventory; no host matched (container 201, read-only) ------
+def caller_config(tmp_path, lab, known_hosts, name="ct201"):
+    """A caller's own ansible.cfg (no collections_path, no host_key_checking) and inventory."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(json.dumps({"trainer_hosts": {"hosts": {name: {"proxmox_vmid": 201}}, "vars": {
+        "ansible_connection": "dflash.trainer.pct", "ansible_host": lab.host, "ansible_port": lab.port,
+        "ansible_user": lab.user, "ansible_ssh_private_key_file": lab.key,
+        "ansible_python_interpreter": "/usr/bin/python3", "ansible_pct_known_hosts_file": known_hosts,
+        "ansible_control_path_dir": tempfile.mkdtemp(prefix="dflash-cp-")}}}))
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\ninventory = %s\nstdout_callback = ansible.builtin.default\n" % inv)
+    return str(cfg)
+
+
+def test_api_uses_the_callers_configuration_and_its_inventory(lab, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANSIBLE_CONFIG", caller_config(tmp_path, lab, lab.facts["known_hosts"]))
+    result = dflash_trainer.status(timeout=300)
+    assert result.ok and list(result.hosts) == ["ct201"], explain(result)
+    assert result.hosts["ct201"].status is not None
+
+
+def test_api_keeps_host_keys_checked(lab, tmp_path, monkeypatch):
+    """ansible-runner alone would set ANSIBLE_HOST_KEY_CHECKING=False: a known_hosts file without
+    the lab's key must still refuse the connection."""
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    monkeypatch.setenv("ANSIBLE_CONFIG", caller_config(tmp_path, lab, str(empty)))
+    result = dflash_trainer.status(timeout=300)
+    assert not result.ok, explain(result)
+    h = result.hosts["ct201"]
+    assert not h.ok and "host key of 127.0.0.1 was not accepted" in (h.reason or ""), explain(result)
+
+
+def test_api_no_host_matched(lab):
+    """lab-201 is in the lab inventory, not in trainer_hosts: the run fails saying so, touching nothing."""
+    result = dflash_trainer.deploy(limit="lab-201", extravars=EXTRAVARS, timeout=300)
+    assert not result.ok and result.rc != 0, explain(result)
+    assert "no host matched the pattern 'trainer_hosts' within --limit 'lab-201'" in result.hosts["lab-201"].reason
+
+
+def test_cli_limit_matching_nothing(lab):
+    proc = subprocess.run([sys.executable, "-m", "dflash_trainer", "deploy", "-l", "no-such-host"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no host matched the limit 'no-such-host'" in proc.stdout

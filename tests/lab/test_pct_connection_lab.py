@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -33,8 +34,10 @@ CT_DIR = "/tmp/dflash pct-test it's; $(x) é"  # spaces, quotes, ';', '$()', uni
 def inventory(tmp_path, lab, connection=NAME, vmid=200, **extra):
     host = {"ansible_connection": connection, "ansible_host": lab.host, "ansible_port": lab.port,
             "ansible_user": lab.user, "ansible_ssh_private_key_file": lab.key,
-            "ansible_python_interpreter": "/usr/bin/python3", "ansible_host_key_checking": False,
-            "proxmox_vmid": vmid}
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_pct_known_hosts_file": lab.facts["known_hosts"], "proxmox_vmid": vmid}
+    if connection != NAME:  # paramiko reads ~/.ssh/known_hosts only: lab inventory/lab.yml does the same
+        host["ansible_host_key_checking"] = False
     host.update(extra)
     path = tmp_path / ("inv-%s-%s.yml" % (connection.rsplit(".", 1)[-1], vmid))
     path.write_text(yaml.safe_dump({"all": {"hosts": {"ct": host}}}))
@@ -60,7 +63,7 @@ def conn_for(lab, **direct):
     conn = pct.Connection(PlayContext(), None)
     conn._load_name = NAME
     opts = {"remote_addr": lab.host, "port": lab.port, "remote_user": lab.user,
-            "private_key_file": lab.key, "proxmox_vmid": "200", "host_key_checking": False}
+            "private_key_file": lab.key, "proxmox_vmid": "200", "known_hosts_file": lab.facts["known_hosts"]}
     opts.update(direct)
     conn.set_options(direct=opts)
     conn._connect()
@@ -178,6 +181,84 @@ def test_auth_failure(lab, tmp_path):
     assert "authentication to 127.0.0.1 failed (ssh)" in proc.stdout and "Permission denied" in proc.stdout
 
 
+# ---- host keys: checked against the known_hosts file the lab writes ---------------------------
+def short_dir():
+    """A fresh ControlPath directory short enough for a socket path (< 108 bytes)."""
+    return tempfile.mkdtemp(prefix="dflash-cp-")
+
+
+def test_lab_writes_its_host_key_to_known_hosts(lab):
+    with open(lab.facts["known_hosts"]) as fh:
+        entry = fh.read().split()
+    with open(os.path.join(os.path.dirname(lab.key), "ssh_host_ed25519_key.pub")) as fh:
+        pub = fh.read().split()
+    assert entry == ["[%s]:%d" % (lab.host, lab.port)] + pub[:2]
+
+
+@pytest.mark.parametrize("known", ["empty", "other-key"])
+def test_unknown_host_key_is_refused(lab, tmp_path, known):
+    """Without the lab's key in the known_hosts file the connection fails (its own ssh master,
+    so no master opened by another run is reused), and nothing runs in the container."""
+    known_hosts = tmp_path / "known_hosts"
+    if known == "other-key":
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+        known_hosts.write_text("[%s]:%d %s" % (lab.host, lab.port, (tmp_path / "k.pub").read_text()))
+    else:
+        known_hosts.write_text("")
+    proc = ansible(inventory(tmp_path, lab, ansible_pct_known_hosts_file=str(known_hosts),
+                             ansible_control_path_dir=short_dir()), "-m", "ansible.builtin.ping")
+    assert proc.returncode != 0 and "UNREACHABLE" in proc.stdout, proc.stdout + proc.stderr
+    assert "host key of 127.0.0.1 was not accepted (ssh): " in proc.stdout
+    assert ("it CHANGED" if known == "other-key" else "No ED25519 host key is known for [127.0.0.1]:2222") \
+        in proc.stdout.replace("\n        ", " ")
+
+
+def test_host_key_checking_ignores_the_users_ssh_config(lab, tmp_path):
+    """StrictHostKeyChecking=yes is on the command line: an ssh config saying `no` does not
+    switch it off (only ssh_extra_args could)."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host *\n  StrictHostKeyChecking no\n")
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    proc = ansible(inventory(tmp_path, lab, ansible_pct_known_hosts_file=str(known_hosts),
+                             ansible_ssh_extra_args="-F %s" % cfg, ansible_control_path_dir=short_dir()),
+                   "-m", "ansible.builtin.ping")
+    assert "host key of 127.0.0.1 was not accepted" in proc.stdout, proc.stdout + proc.stderr
+    assert known_hosts.read_text() == ""
+
+
+def test_accept_new_only_when_asked(lab, tmp_path):
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    proc = ansible(inventory(tmp_path, lab, ansible_pct_known_hosts_file=str(known_hosts),
+                             ansible_pct_host_key_accept_new=True, ansible_control_path_dir=short_dir()),
+                   "-m", "ansible.builtin.ping")
+    assert proc.returncode == 0 and "pong" in proc.stdout, proc.stdout + proc.stderr
+    with open(lab.facts["known_hosts"]) as fh:
+        lab_key = fh.read().split()[1:3]
+    assert lab_key == known_hosts.read_text().split()[1:3]
+
+
+# ---- a command's own failure is a result, never UNREACHABLE ------------------------------------
+@pytest.mark.parametrize("rc,text", [
+    (1, "sudo: a password is required"),
+    (255, "ssh: connect to host db1 port 22: Connection refused"),
+    (255, "container '200' not running!"),
+], ids=["sudo", "ssh", "pct"])
+def test_transport_like_failure_of_a_command_in_the_container_is_failed_not_unreachable(lab, tmp_path, rc, text):
+    proc = ansible(inventory(tmp_path, lab, pct_sudo=False), "-m", "ansible.builtin.raw",
+                   "-a", "echo \"%s\" >&2; exit %d" % (text, rc))
+    assert "UNREACHABLE" not in proc.stdout, proc.stdout
+    assert "FAILED" in proc.stdout and "rc=%d" % rc in proc.stdout.replace(" | ", " "), proc.stdout
+    assert text in proc.stdout and "dflash-pct-started" not in proc.stdout
+
+
+def test_mark_never_reaches_the_task(lab):
+    conn = conn_for(lab)
+    assert conn.exec_command("echo out; echo err >&2") == (0, b"out\n", b"err\n")
+    assert conn_for(lab, pct_timeout_in_container=False).exec_command("echo err >&2; exit 1") == (1, b"", b"err\n")
+
+
 # ---- the plugin object, exact bytes ------------------------------------------------------------
 def test_exec_exact_bytes(lab):
     conn = conn_for(lab)
@@ -221,8 +302,8 @@ BIG_SCRIPT = textwrap.dedent("""
 
 
 def test_100mb_put_fetch_streams(lab, tmp_path, ct_dir):
-    opts = json.dumps({"remote_addr": lab.host, "port": lab.port, "remote_user": lab.user,
-                       "private_key_file": lab.key, "proxmox_vmid": "200", "host_key_checking": False})
+    opts = json.dumps({"remote_addr": lab.host, "port": lab.port, "remote_user": lab.user, "private_key_file": lab.key,
+                       "proxmox_vmid": "200", "known_hosts_file": lab.facts["known_hosts"]})
     script = BIG_SCRIPT % {"collections": os.path.join(ROOT, "collections")}
     big = tmp_path / "big.bin"
     digest = hashlib.sha256()

@@ -1,5 +1,6 @@
 """The playbooks from the repository root, end to end on lab containers 213 and 214:
-restart, status, on-demand rollback, and a two-host deploy that stops at the first failure."""
+restart, status, on-demand rollback, and a two-host deploy that stops at the first failure;
+and a run whose host pattern matches no host fails, saying so, without touching a container."""
 import json
 import os
 import shutil
@@ -21,7 +22,8 @@ def hosts(lab, tmp_path_factory):
     inv.write_text(json.dumps({"all": {"hosts": {"pb-%s" % ct: {"proxmox_vmid": int(ct)} for ct in CTS}, "vars": {
         "ansible_connection": "dflash.trainer.pct", "ansible_host": lab.host, "ansible_port": lab.port,
         "ansible_user": lab.user, "ansible_ssh_private_key_file": lab.key,
-        "ansible_python_interpreter": "/usr/bin/python3", "ansible_host_key_checking": False}}}))
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "ansible_pct_known_hosts_file": lab.facts["known_hosts"]}}}))
     return str(inv)
 
 
@@ -126,3 +128,69 @@ def test_a_second_deploy_is_refused_while_one_runs(lab, hosts, tmp_path):
     # released at the end: the next deploy goes through
     assert lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 1
     assert playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=src).returncode == 0
+
+
+# ---- the host pattern: the documented real-host command lists its host; no match fails -------
+PLAYBOOKS = ["deploy.yml", "playbooks/deploy.yml", "playbooks/restart.yml", "playbooks/rollback.yml",
+             "playbooks/status.yml"]
+
+
+def run(*argv, inventory=None):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    inv = ["-i", inventory] if inventory else []
+    return subprocess.run(["ansible-playbook", *inv, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_example_inventory_lists_its_host():
+    """README/docs: ansible-playbook -i inventory/example-proxmox.yml deploy.yml targets the example host."""
+    res = run("deploy.yml", "--list-hosts", inventory="inventory/example-proxmox.yml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    deploy_play = res.stdout.split("Deploy and prove the DFlash trainer")[1]
+    assert "hosts (1):" in deploy_play and "gpu-node1-trainer" in deploy_play, res.stdout
+
+
+def test_limit_matching_no_inventory_host_fails():
+    """ansible-playbook itself refuses a --limit that matches no host of the inventory."""
+    res = run("deploy.yml", "-l", "no-such-host")
+    assert res.returncode != 0
+    out = res.stdout + res.stderr
+    assert "no-such-host" in out and "no hosts to target" in out, out
+
+
+@pytest.mark.parametrize("path", PLAYBOOKS)
+def test_limit_outside_the_group_fails_with_the_pattern(path):
+    """lab-201 is in the lab inventory but not in trainer_hosts: the play would match nothing."""
+    res = run(path, "-l", "lab-201")
+    assert res.returncode != 0, res.stdout
+    assert "no host matched the pattern 'trainer_hosts' within --limit 'lab-201'" in res.stdout, res.stdout
+    assert "PLAY RECAP" in res.stdout and "changed=1" not in res.stdout
+    assert "Check that the run targets at least one host" in res.stdout
+    assert len(res.stdout.split("PLAY [")) == 2  # only the check ran; no other play started
+
+
+def test_inventory_without_the_group_fails(tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("proxmox_trainers:\n  hosts:\n    ct1:\n      proxmox_vmid: 201\n")
+    for path in ("deploy.yml", "playbooks/status.yml"):
+        res = run(path, inventory=str(inv))
+        assert res.returncode != 0, res.stdout
+        assert "no host matched the pattern 'trainer_hosts' in the inventory %s" % inv in \
+            res.stdout.replace("\n        ", " "), res.stdout
+
+
+def test_target_pattern_typo_fails():
+    res = run("playbooks/restart.yml", "-e", "trainer_target_hosts=trainer_hostz")
+    assert res.returncode != 0
+    assert "no host matched the pattern 'trainer_hostz'" in res.stdout, res.stdout
+
+
+def test_matching_run_passes_the_check(hosts):
+    """A pattern that matches (here through --limit) passes the check, which connects nowhere."""
+    res = run("playbooks/status.yml", "-l", "pb-%s" % CTS[0], "-e", "trainer_target_hosts=all",
+              "--list-tasks", inventory=hosts)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = run("playbooks/status.yml", "-l", "pb-%s" % CTS[0], "-e", "trainer_target_hosts=all",
+              "--tags", "never-a-tag", inventory=hosts)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ok: [pb-%s -> localhost" % CTS[0] in res.stdout

@@ -176,13 +176,14 @@ def test_to_dict_is_json_ready():
 # --- the runner call (no runner is started) -------------------------------------------------------
 
 def test_runner_kwargs_defaults_point_at_the_checkout():
-    kw = api.runner_kwargs("status", limit="gpu-host", private_data_dir="/tmp/pdd")
+    kw = api.runner_kwargs("status", limit="gpu-host", private_data_dir="/tmp/pdd", environ={})
     root = api.REPO_ROOT
     assert kw["playbook"] == os.path.join(root, "playbooks", "status.yml")
     assert kw["project_dir"] == root and kw["private_data_dir"] == "/tmp/pdd"
-    assert kw["inventory"] == os.path.join(root, "inventory", "lab.yml")
+    assert "inventory" not in kw  # the configured one (ansible.cfg: inventory/lab.yml)
     assert kw["envvars"] == {"ANSIBLE_CONFIG": os.path.join(root, "ansible.cfg"),
-                             "ANSIBLE_COLLECTIONS_PATH": os.path.join(root, "collections")}
+                             "ANSIBLE_COLLECTIONS_PATH": os.path.join(root, "collections"),
+                             "ANSIBLE_HOST_KEY_CHECKING": "True"}
     assert kw["limit"] == "gpu-host" and kw["quiet"] is True and "timeout" not in kw
     assert api.runner_kwargs("deploy", private_data_dir="p")["playbook"] == os.path.join(root, "deploy.yml")
     for name in api.PLAYBOOKS:

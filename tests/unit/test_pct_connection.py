@@ -26,8 +26,8 @@ BASE = {"remote_addr": "pve1", "proxmox_vmid": "200", "port": None, "remote_user
         "private_key_file": None, "pct_path": "/usr/sbin/pct", "ssh_executable": "ssh",
         "ssh_extra_args": "", "pct_tty": False, "pct_local": False, "pct_sudo": False,
         "control_persist": 60, "control_path_dir": "~/.ansible/cp", "pct_command_timeout": 1800,
-        "connect_timeout": 10, "host_key_checking": True, "pipelining": True,
-        "pct_timeout_in_container": False}
+        "connect_timeout": 10, "host_key_checking": True, "host_key_accept_new": False,
+        "known_hosts_file": None, "pipelining": True, "pct_timeout_in_container": False}
 
 
 def make_conn(var_options=None, **direct):
@@ -47,37 +47,54 @@ def make_conn(var_options=None, **direct):
     return conn
 
 
-SSH_OPTS = ["-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"]
+SSH_BASE = ["-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"]
+STRICT = ["-o", "StrictHostKeyChecking=yes"]
+SSH_OPTS = SSH_BASE + STRICT
 MUX = ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s", "-o", "ControlPath=" + CP]
 NOHK = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+
+
+def in_ct(cmd, pct_cmd="/usr/sbin/pct exec 200 --"):
+    """The remote string for `cmd` run in the container without the timeout guard: mark, then cmd."""
+    return "%s /bin/sh -c %s sh %s" % (pct_cmd, shlex.quote(pct.RUN_SCRIPT), shlex.quote(cmd))
+
 
 # (id, options, shell command in the container, expected local argv)
 ARGV_CASES = [
     ("defaults", {}, "echo hi",
-     ["ssh", "-T", *SSH_OPTS, *MUX, "--", "pve1", "/usr/sbin/pct exec 200 -- /bin/sh -c 'echo hi'"]),
+     ["ssh", "-T", *SSH_OPTS, *MUX, "--", "pve1",
+      "/usr/sbin/pct exec 200 -- /bin/sh -c '" + pct.RUN_SCRIPT.replace("'", "'\"'\"'") + "' sh 'echo hi'"]),
     ("port-user-key", {"port": 2222, "remote_user": "root", "private_key_file": KEY}, "true",
-     ["ssh", "-T", "-p", "2222", "-l", "root", "-i", KEY, *SSH_OPTS, *MUX, "--", "pve1",
-      "/usr/sbin/pct exec 200 -- /bin/sh -c true"]),
+     ["ssh", "-T", "-p", "2222", "-l", "root", "-i", KEY, *SSH_OPTS, *MUX, "--", "pve1", in_ct("true")]),
     ("no-host-key-checking", {"host_key_checking": False}, "true",
-     ["ssh", "-T", *SSH_OPTS, *NOHK, *MUX, "--", "pve1", "/usr/sbin/pct exec 200 -- /bin/sh -c true"]),
+     ["ssh", "-T", *SSH_BASE, *NOHK, *MUX, "--", "pve1", in_ct("true")]),
+    ("known-hosts-file", {"known_hosts_file": "/var/lib/dflash-lab/ssh/known_hosts"}, "true",
+     ["ssh", "-T", *SSH_OPTS, "-o", "UserKnownHostsFile=/var/lib/dflash-lab/ssh/known_hosts", *MUX, "--", "pve1",
+      in_ct("true")]),
+    ("known-hosts-file-space-home", {"known_hosts_file": "~/my keys/known_hosts"}, "true",
+     ["ssh", "-T", *SSH_OPTS, "-o", 'UserKnownHostsFile="%s"' % os.path.expanduser("~/my keys/known_hosts"),
+      *MUX, "--", "pve1", in_ct("true")]),
+    ("accept-new-only-when-asked", {"host_key_accept_new": True}, "true",
+     ["ssh", "-T", *SSH_BASE, "-o", "StrictHostKeyChecking=accept-new", *MUX, "--", "pve1", in_ct("true")]),
+    ("accept-new-ignored-without-checking", {"host_key_accept_new": True, "host_key_checking": False,
+                                             "known_hosts_file": "/x"}, "true",
+     ["ssh", "-T", *SSH_BASE, *NOHK, *MUX, "--", "pve1", in_ct("true")]),
     ("control-persist-off", {"control_persist": 0}, "true",
-     ["ssh", "-T", *SSH_OPTS, "-o", "ControlMaster=no", "-o", "ControlPath=none", "--", "pve1",
-      "/usr/sbin/pct exec 200 -- /bin/sh -c true"]),
+     ["ssh", "-T", *SSH_OPTS, "-o", "ControlMaster=no", "-o", "ControlPath=none", "--", "pve1", in_ct("true")]),
     ("control-persist-300-dir", {"control_persist": 300, "control_path_dir": "/run/cp"}, "true",
      ["ssh", "-T", *SSH_OPTS, "-o", "ControlMaster=auto", "-o", "ControlPersist=300s",
-      "-o", "ControlPath=/run/cp/dflash-%C", "--", "pve1", "/usr/sbin/pct exec 200 -- /bin/sh -c true"]),
+      "-o", "ControlPath=/run/cp/dflash-%C", "--", "pve1", in_ct("true")]),
     ("extra-args-first", {"ssh_extra_args": "-o LogLevel=DEBUG -J 'jump host'", "connect_timeout": 3}, "true",
      ["ssh", "-o", "LogLevel=DEBUG", "-J", "jump host", "-T", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-      "-o", "ConnectTimeout=3", *MUX, "--", "pve1", "/usr/sbin/pct exec 200 -- /bin/sh -c true"]),
+      "-o", "ConnectTimeout=3", *STRICT, *MUX, "--", "pve1", in_ct("true")]),
     ("sudo", {"pct_sudo": True, "remote_user": "ansible"}, "id -u",
      ["ssh", "-T", "-l", "ansible", *SSH_OPTS, *MUX, "--", "pve1",
-      "sudo -n /usr/sbin/pct exec 200 -- /bin/sh -c 'id -u'"]),
-    ("tty", {"pct_tty": True}, "tty",
+      in_ct("id -u", "sudo -n /usr/sbin/pct exec 200 --")]),
+    ("tty-no-mark", {"pct_tty": True}, "tty",
      ["ssh", "-tt", *SSH_OPTS, *MUX, "--", "pve1", "/usr/sbin/pct exec 200 -- /bin/sh -c tty"]),
     ("pct-path-executable", {"pct_path": "/opt/pve bin/pct", "ssh_executable": "/usr/local/bin/ssh",
                              "proxmox_vmid": "1234"}, "true",
-     ["/usr/local/bin/ssh", "-T", *SSH_OPTS, *MUX, "--", "pve1",
-      "'/opt/pve bin/pct' exec 1234 -- /bin/sh -c true"]),
+     ["/usr/local/bin/ssh", "-T", *SSH_OPTS, *MUX, "--", "pve1", in_ct("true", "'/opt/pve bin/pct' exec 1234 --")]),
     ("guard", {"pct_timeout_in_container": True, "pct_command_timeout": 30}, "echo hi",
      ["ssh", "-T", *SSH_OPTS, *MUX, "--", "pve1",
       "/usr/sbin/pct exec 200 -- /bin/sh -c '" + pct.GUARD_SCRIPT.replace("'", "'\"'\"'") + "' sh 32 'echo hi'"]),
@@ -86,9 +103,9 @@ ARGV_CASES = [
     ("guard-local", {"pct_local": True, "pct_timeout_in_container": True, "pct_command_timeout": 5}, "true",
      ["/usr/sbin/pct", "exec", "200", "--", "/bin/sh", "-c", pct.GUARD_SCRIPT, "sh", "7", "true"]),
     ("local", {"pct_local": True}, "echo 'a b'",
-     ["/usr/sbin/pct", "exec", "200", "--", "/bin/sh", "-c", "echo 'a b'"]),
+     ["/usr/sbin/pct", "exec", "200", "--", "/bin/sh", "-c", pct.RUN_SCRIPT, "sh", "echo 'a b'"]),
     ("local-sudo", {"pct_local": True, "pct_sudo": True}, "true",
-     ["sudo", "-n", "/usr/sbin/pct", "exec", "200", "--", "/bin/sh", "-c", "true"]),
+     ["sudo", "-n", "/usr/sbin/pct", "exec", "200", "--", "/bin/sh", "-c", pct.RUN_SCRIPT, "sh", "true"]),
 ]
 
 
@@ -106,7 +123,8 @@ def test_options_from_inventory_variables():
         "pct_command_timeout": 7, "pct_sudo": True})
     argv = conn._build_ssh_argv(conn._build_remote_command("true"))
     assert argv[:7] == ["ssh", "-T", "-p", "2222", "-l", "root", "-i"]
-    assert argv[-2:] == ["127.0.0.1", "sudo -n /usr/sbin/pct exec 200 -- /bin/sh -c true"]
+    assert argv[-2:] == ["127.0.0.1", in_ct("true", "sudo -n /usr/sbin/pct exec 200 --")]
+    assert "StrictHostKeyChecking=yes" in argv
     assert conn.get_option("pct_command_timeout") == 7
 
 
@@ -147,48 +165,97 @@ def test_shell_command_is_one_argument(cmd):
 
 
 NODE_CONF = "Configuration file 'nodes/pve1/lxc/999.conf' does not exist\n"
-# (id, rc, stderr, local, expected message fragment or None = the command's own result)
+L = {"local": True}
+S = {"sudo": True}  # pct_sudo: `sudo -n pct ...` on the host
+RAN = {"started": True}  # the container printed STARTED_MARK: the call reached the command
+# (id, rc, stderr, classify_failure keywords, expected message fragment or None = the command's own result)
 CLASSIFY = [
-    ("no-config", 255, NODE_CONF, False, "no container 999 on pve1: Configuration file"),
-    ("no-config-local", 255, NODE_CONF, True, "no container 999 on this host (local pct)"),
-    ("not-running", 255, "container '999' not running!\n", False, "container 999 is not running on pve1"),
-    ("not-running-old", 255, "Error: container '999' not running!\n", False, "is not running on pve1"),
-    ("push-not-running", 255, "can only push files to a running CT\n", False, "is not running"),
-    ("pull-not-running", 255, "can only pull files from a running VM\n", False, "is not running"),
+    ("no-config", 255, NODE_CONF, {}, "no container 999 on pve1: Configuration file"),
+    ("no-config-local", 255, NODE_CONF, L, "no container 999 on this host (local pct)"),
+    ("not-running", 255, "container '999' not running!\n", {}, "container 999 is not running on pve1"),
+    ("not-running-old", 255, "Error: container '999' not running!\n", {}, "is not running on pve1"),
+    ("push-not-running", 255, "can only push files to a running CT\n", {}, "is not running"),
+    ("pull-not-running", 255, "can only pull files from a running VM\n", {}, "is not running"),
     ("bad-vmid", 255, "400 Parameter verification failed.\nvmid: invalid format - value does not look like a "
-     "valid VM ID\n", False, "invalid container id"),
-    ("refused", 255, "ssh: connect to host pve1 port 1: Connection refused\n", False,
+     "valid VM ID\n", {}, "invalid container id"),
+    ("not-running-after-perl-warning", 255, "perl: warning: Setting locale failed.\ncontainer '999' not running!\n",
+     {}, "container 999 is not running on pve1"),
+    ("refused", 255, "ssh: connect to host pve1 port 1: Connection refused\n", {},
      "host pve1 is unreachable (ssh): ssh: connect to host pve1 port 1: Connection refused"),
-    ("resolve", 255, "ssh: Could not resolve hostname pve1: Name or service not known\n", False, "unreachable"),
-    ("timed-out", 255, "ssh: connect to host 10.9.9.9 port 22: Connection timed out\n", False, "unreachable"),
-    ("no-route", 255, "ssh: connect to host 10.9.9.9 port 22: No route to host\n", False, "unreachable"),
-    ("closed", 255, "Connection closed by 10.0.0.1 port 22\n", False, "unreachable"),
-    ("kex", 255, "kex_exchange_identification: read: Connection reset by peer\n", False, "unreachable"),
-    ("auth", 255, "root@pve1: Permission denied (publickey).\n", False,
+    ("resolve", 255, "ssh: Could not resolve hostname pve1: Name or service not known\n", {}, "unreachable"),
+    ("timed-out", 255, "ssh: connect to host 10.9.9.9 port 22: Connection timed out\n", {}, "unreachable"),
+    ("no-route", 255, "ssh: connect to host 10.9.9.9 port 22: No route to host\n", {}, "unreachable"),
+    ("closed", 255, "Connection closed by 10.0.0.1 port 22\n", {}, "unreachable"),
+    ("kex", 255, "kex_exchange_identification: read: Connection reset by peer\n", {}, "unreachable"),
+    ("auth", 255, "root@pve1: Permission denied (publickey).\n", {},
      "authentication to pve1 failed (ssh): root@pve1: Permission denied (publickey)."),
     ("auth-with-warning", 255, "Warning: Permanently added 'pve1' (ED25519) to the list of known hosts.\r\n"
-     "root@pve1: Permission denied (publickey,password).\r\n", False, "authentication to pve1 failed"),
-    ("host-key", 255, "Host key verification failed.\n", False, "host key of pve1 was not accepted"),
-    ("sudo-password", 1, "sudo: a password is required\n", False, "sudo -n for pct failed on pve1"),
-    ("pct-missing", 127, "bash: line 1: /usr/sbin/pct: No such file or directory\n", False,
+     "root@pve1: Permission denied (publickey,password).\r\n", {}, "authentication to pve1 failed"),
+    ("host-key", 255, "Host key verification failed.\n", {}, "host key of pve1 was not accepted"),
+    ("host-key-unknown", 255, "No ED25519 host key is known for pve1 and you have requested strict checking.\n"
+     "Host key verification failed.\n", {}, "host key of pve1 was not accepted (ssh): No ED25519 host key is known"),
+    ("host-key-changed", 255, "@@@@@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+     "@@@@@@@@@@@@\nHost key verification failed.\n", {}, "host key of pve1 was not accepted (ssh): it CHANGED"),
+    # sudo -n refusing to run pct: only with pct_sudo, only sudo's own texts, exit 1
+    ("sudo-password", 1, "sudo: a password is required\n", S, "sudo -n for pct failed on pve1: sudo: a password"),
+    ("sudo-password-local", 1, "sudo: a password is required\n", {**S, **L}, "sudo -n for pct failed on this host"),
+    ("sudo-terminal", 1, "sudo: a terminal is required to read the password; either use the -S option to read "
+     "from standard input or configure an askpass helper\n", S, "sudo -n for pct failed"),
+    ("sudo-not-allowed", 1, "Sorry, user ansible is not allowed to execute '/usr/sbin/pct exec 200 -- /bin/sh -c "
+     "true' as root on pve1.\n", S, "sudo -n for pct failed on pve1: Sorry, user ansible is not allowed"),
+    ("sudo-not-in-sudoers", 1, "sudo: ansible is not in the sudoers file.\n", S, "sudo -n for pct failed"),
+    ("sudo-old-no-tty", 1, "sudo: no tty present and no askpass program specified\n", S, "sudo -n for pct failed"),
+    ("sudo-requiretty", 1, "sudo: sorry, you must have a tty to run sudo\n", S, "sudo -n for pct failed"),
+    ("sudo-after-hostname-warning", 1, "sudo: unable to resolve host pve1: Name or service not known\n"
+     "sudo: a password is required\n", S, "sudo -n for pct failed on pve1: sudo: a password is required"),
+    ("sudo-pct-missing", 1, "sudo: /usr/sbin/pct: command not found\n", S, "pct (/usr/sbin/pct) cannot be run"),
+    ("sudo-missing-bash", 127, "bash: line 1: sudo: command not found\n", S, "sudo cannot be run on pve1"),
+    ("sudo-missing-dash", 127, "sh: 1: sudo: not found\n", S, "sudo cannot be run on pve1"),
+    ("pct-missing", 127, "bash: line 1: /usr/sbin/pct: No such file or directory\n", {},
      "pct (/usr/sbin/pct) cannot be run on pve1"),
+    # sudo's texts without pct_sudo: no sudo ran on the host, so they are a command's own
+    ("sudo-text-without-pct-sudo", 1, "sudo: a password is required\n", {}, None),
+    ("sudo-prefix-other-text", 1, "sudo: some other message of a command\n", S, None),
+    ("sudo-text-other-rc", 2, "sudo: a password is required\n", S, None),
+    # after the mark the call ran in the container: every status and text is the command's own
+    ("ran-sudo-in-ct", 1, "sudo: a password is required\n", {**S, **RAN}, None),
+    ("ran-sudo-in-ct-no-pct-sudo", 1, "sudo: a password is required\n", RAN, None),
+    ("ran-ssh-in-ct", 255, "ssh: connect to host db1 port 22: Connection refused\n", RAN, None),
+    ("ran-auth-in-ct", 255, "git@github.com: Permission denied (publickey).\n", RAN, None),
+    ("ran-pct-text-in-ct", 255, NODE_CONF, RAN, None),
+    ("ran-pct-missing-in-ct", 127, "/bin/sh: 1: /usr/sbin/pct: not found\n", RAN, None),
     # the container command's own failures are results, not transport errors
-    ("cmd-255", 255, "", False, None),
-    ("cmd-255-text", 255, "my tool: fatal error\n", False, None),
-    ("cmd-1", 1, "grep: x: No such file or directory\n", False, None),
-    ("cmd-127", 127, "/bin/sh: 1: nvidia-smi: not found\n", False, None),
-    ("cmd-permission-in-ct", 1, "cat: /root/x: Permission denied\n", False, None),
-    ("ssh-text-in-local-mode", 255, "ssh: connect to host x port 22: Connection refused\n", True, None),
+    ("cmd-255", 255, "", {}, None),
+    ("cmd-255-text", 255, "my tool: fatal error\n", {}, None),
+    ("cmd-1", 1, "grep: x: No such file or directory\n", {}, None),
+    ("cmd-127", 127, "/bin/sh: 1: nvidia-smi: not found\n", {}, None),
+    ("cmd-permission-in-ct", 1, "cat: /root/x: Permission denied\n", {}, None),
+    ("ssh-text-in-local-mode", 255, "ssh: connect to host x port 22: Connection refused\n", L, None),
 ]
 
 
-@pytest.mark.parametrize("rc,stderr,local,expected", [c[1:] for c in CLASSIFY], ids=[c[0] for c in CLASSIFY])
-def test_classify_failure_table(rc, stderr, local, expected):
-    msg = pct.classify_failure(rc, stderr, "pve1", "999", "/usr/sbin/pct", local=local)
+@pytest.mark.parametrize("rc,stderr,kw,expected", [c[1:] for c in CLASSIFY], ids=[c[0] for c in CLASSIFY])
+def test_classify_failure_table(rc, stderr, kw, expected):
+    msg = pct.classify_failure(rc, stderr, "pve1", "999", "/usr/sbin/pct", **kw)
     if expected is None:
         assert msg is None
     else:
         assert msg is not None and expected in msg
+
+
+@pytest.mark.parametrize("stderr,started,rest", [
+    (b"", False, b""),
+    (b"sudo: a password is required\n", False, b"sudo: a password is required\n"),
+    (b"dflash-pct-started\n", True, b""),
+    (b"dflash-pct-started\nsudo: a password is required\n", True, b"sudo: a password is required\n"),
+    (b"perl: warning: locale\ndflash-pct-started\nerr\n", True, b"perl: warning: locale\nerr\n"),
+    # only the first mark is ours; a command printing it keeps its line
+    (b"dflash-pct-started\ndflash-pct-started\n", True, b"dflash-pct-started\n"),
+    (b"x dflash-pct-started\n", False, b"x dflash-pct-started\n"),
+    (b"dflash-pct-started-not\n", False, b"dflash-pct-started-not\n"),
+])
+def test_split_started(stderr, started, rest):
+    assert pct.split_started(stderr) == (started, rest)
 
 
 # ---- local mode against a fake pct: exec / put / fetch / timeout without the lab ------------
@@ -290,3 +357,63 @@ def test_guard_without_timeout_binary(fake_pct, tmp_path):
         assert conn.exec_command("cat", in_data=b"x") == (0, b"x", b"")
     finally:
         os.environ["PATH"] = env_path
+
+
+# ---- who failed: sudo on the host, or a command in the container (local mode, fake sudo) -------
+FAKE_SUDO = r"""#!/bin/sh
+# fake sudo: refuses when $FAKE_SUDO_REFUSE is set, else runs `sudo -n CMD...` as CMD
+[ "$1" = -n ] || { echo "fake sudo wants -n" >&2; exit 3; }
+shift
+if [ -n "$FAKE_SUDO_REFUSE" ]; then echo "$FAKE_SUDO_REFUSE" >&2; exit 1; fi
+exec "$@"
+"""
+SUDO_TEXT = "sudo: a password is required"
+
+
+@pytest.fixture
+def fake_sudo(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sudo").write_text(FAKE_SUDO)
+    (bin_dir / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    monkeypatch.delenv("FAKE_SUDO_REFUSE", raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("refusal", [SUDO_TEXT, "Sorry, user ansible is not allowed to execute '/x' as root on h."])
+def test_sudo_refusing_pct_is_unreachable(fake_pct, fake_sudo, refusal):
+    fake_sudo.setenv("FAKE_SUDO_REFUSE", refusal)
+    conn = local_conn(fake_pct, pct_sudo=True)
+    with pytest.raises(AnsibleConnectionFailure, match="sudo -n for pct failed on this host"):
+        conn.exec_command("true")
+
+
+@pytest.mark.parametrize("guard", [False, True])
+@pytest.mark.parametrize("sudo", [False, True])
+def test_sudo_text_of_a_command_in_the_container_is_its_result(fake_pct, fake_sudo, guard, sudo):
+    """A command in the container that fails like sudo (its own sudo, exit 1) is a task result."""
+    conn = local_conn(fake_pct, pct_sudo=sudo, pct_timeout_in_container=guard)
+    assert conn.exec_command("echo '%s' >&2; exit 1" % SUDO_TEXT) == (1, b"", (SUDO_TEXT + "\n").encode())
+
+
+@pytest.mark.parametrize("rc,text", [
+    (255, "ssh: connect to host db1 port 22: Connection refused"),
+    (255, "Configuration file 'nodes/x/lxc/1.conf' does not exist"),
+    (255, "container '200' not running!"),
+    (127, "/usr/sbin/pct: not found"),
+])
+def test_transport_texts_of_a_command_in_the_container_are_its_result(fake_pct, rc, text):
+    conn = local_conn(fake_pct)
+    assert conn.exec_command("echo \"%s\" >&2; exit %d" % (text, rc)) == (rc, b"", (text + "\n").encode())
+
+
+def test_put_and_fetch_errors_in_the_container_are_not_unreachable(fake_pct, tmp_path):
+    """A transfer that reached the container fails as the task's error, never as UNREACHABLE."""
+    conn = local_conn(fake_pct)
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    with pytest.raises(AnsibleError, match="failed to transfer") as err:
+        conn.put_file(str(src), str(tmp_path / "no-such-dir" / "dest"))
+    assert not isinstance(err.value, AnsibleConnectionFailure)
+    assert "dflash-pct-started" not in str(err.value)
