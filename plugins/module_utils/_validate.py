@@ -68,6 +68,8 @@ _NUMBERS = (
     ("trainer_ready_timeout_s", 1, SECONDS_MAX, "s"),
     ("trainer_ready_interval_s", 0.05, 3600, "s"),
     ("trainer_log_tail_lines", 0, 10000, "lines"),
+    ("trainer_log_max_mib", 0, 1024 * 1024, "MiB"),
+    ("trainer_log_keep", 0, 1000, "files"),
     ("trainer_preflight_timeout_s", 1, 3600, "s"),
 )
 

@@ -17,7 +17,11 @@ description:
   - >-
     Only lines after the launcher's marker C(==> dflash.trainer start invocation=<ID> ...) with
     O(invocation_id) count ("this start's log"); lines left by earlier runs never match.
-    The log is read incrementally; when it shrinks or is replaced it is read again from its start.
+    The log is read from this start's marker on (the launcher records its offset in C(<log>.start);
+    without it the file is scanned backwards), then incrementally; when it shrinks or is replaced
+    (rotation) it is read again from its start, where the launcher writes a continuation marker.
+    A log that holds no marker of this start for 5 s after it shrank or was replaced (or whose
+    C(<log>.start) names this start) fails the task with C(log was truncated or replaced since this start).
   - >-
     Fails at once when the unit is not active/running (for example
     C(trainer exited with status 1 after 0.6 s: ModuleNotFoundError: No module named 'flash_attn')),
@@ -227,8 +231,6 @@ missing:
   sample: ["GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB)"]
 """
 
-import codecs
-import os
 import re
 import time
 
@@ -262,41 +264,15 @@ from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
     DEFAULT_TOKPS_REGEX,
+    LogFileReader,
     StartLog,
 )
 
-READ_CHUNK = 1 << 20
-
-
-class LogReader(object):
-    """Reads what was appended since the last poll; starts again from 0 when the file shrank
-    or was replaced (new inode)."""
-
-    def __init__(self, path, follower):
-        self.path = path
-        self.follower = follower
-        self.offset = 0
-        self.inode = None
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def poll(self):
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return
-        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
-            self.offset = 0
-            self.decoder.reset()
-            self.follower.truncated()
-        self.inode = st.st_ino
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            while True:
-                data = f.read(READ_CHUNK)
-                if not data:
-                    break
-                self.offset += len(data)
-                self.follower.feed(self.decoder.decode(data))
+# this start's log is read from its marker on (the launcher's sidecar), never from byte 0
+LogReader = LogFileReader
+# a log that lost this start's marker gets a continuation marker from the launcher within a
+# second; fail with that reason when none came for this long, instead of waiting for timeout_s
+LOG_LOST_GRACE_S = 5.0
 
 
 def failure_msg(reason, tail, tail_lines):
@@ -417,6 +393,11 @@ def main():
             details = dict(verdict.details)
             tail = details.get("log_tail") or []
             module.fail_json(msg=failure_msg(verdict.reason, tail, p["tail_lines"]), ready=False, **details)
+        # still pending: a log that lost this start's marker (truncated or replaced by something
+        # else, and no continuation marker from the launcher) cannot prove it; say so now
+        lost = reader.problem(time.monotonic(), LOG_LOST_GRACE_S)
+        if lost:
+            module.fail_json(msg=failure_msg(lost, [], p["tail_lines"]), ready=False, reason=lost, log_tail=[])
         time.sleep(judge.next_wait(time.monotonic(), p["interval_s"]))
 
 

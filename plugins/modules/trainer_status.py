@@ -187,6 +187,12 @@ step:
   returned: when O(log_path) is set
   type: int
   sample: 3600
+log_problem:
+  description: Why the current invocation's log cannot be read, when the launcher recorded its marker but
+    the file no longer holds it (truncated, replaced or removed by something else).
+  returned: when O(log_path) is set and the log lost this start's marker
+  type: str
+  sample: "log was truncated or replaced since this start (the launcher recorded its marker at byte 1024; ...)"
 """
 
 import os
@@ -210,7 +216,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     runtime_s,
     show_argv,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog, read_start
 
 RELEASE_VAR = "DFLASH_RELEASE"
 
@@ -250,15 +256,16 @@ def release_from_proc(pid, depth=3):
     return None
 
 
+# Status wants the latest progress line: the marker and this much of the end of this start.
+LOG_TAIL_BYTES = 1 << 20
+
+
 def read_log(path, invocation_id):
-    follower = StartLog(invocation_id, keep_lines=50)
-    with open(path, "rb") as f:
-        while True:
-            data = f.read(1 << 20)
-            if not data:
-                break
-            follower.feed(data.decode("utf-8", "replace"))
-    return follower.finish()
+    """(StartLog, StartLocation) of this start, read from its marker's offset (the launcher's
+    sidecar, else a backward scan), never from byte 0; only its last LOG_TAIL_BYTES (more when
+    they hold no progress line)."""
+    return read_start(path, invocation_id, lambda: StartLog(invocation_id, keep_lines=50),
+                      tail_bytes=LOG_TAIL_BYTES)
 
 
 def main():
@@ -314,10 +321,12 @@ def main():
         result.update(log_release=None, last_progress_line=None, tok_s=None, step=None)
         if invocation and os.path.exists(p["log_path"]):
             try:
-                follower = read_log(p["log_path"], invocation)
+                follower, where = read_log(p["log_path"], invocation)
             except (IOError, OSError) as e:
                 module.warn("Unable to read log %s: %s" % (p["log_path"], e))
             else:
+                if where.problem:
+                    result["log_problem"] = where.problem
                 analysis = follower.analysis
                 result.update(log_release=(follower.marker or {}).get("release"),
                               last_progress_line=analysis.progress_line, tok_s=analysis.tok_s,
