@@ -16,7 +16,8 @@ Where each field comes from (per host):
   `current` (state present or rollback); failing that, the `current` of the last one.
 - rolled_back: a trainer_release with state rollback that switched `current`.
 - restarted: a `dflash.trainer.trainer_start` ran ok and started the unit.
-- proof: `proof` of the last successful `dflash.trainer.trainer_ready`.
+- proof: `proof` of the last successful `dflash.trainer.trainer_ready`, or of the restart job
+  (`dflash.trainer.trainer_restart`, whose finished result carries proof, rolled_back, log_tail).
 - log_tail: `log_tail` of the last failed trainer_ready.
 - status: the last `dflash.trainer.trainer_status` result (for a deploy that restarted, the
   read right after the stop; run `status()` for the state afterwards).
@@ -264,6 +265,22 @@ class _HostState:
                 r.proof = Proof.from_result(res.get("proof"))
             elif kind == "failed":
                 r.log_tail = _lines(res.get("log_tail"))
+        elif _is(action, "trainer_restart") and _bool(res.get("finished")):
+            # the restart job (stop, drain, purge, start, prove; rollback), watched with state=wait
+            job = _mapping(res.get("result"))
+            if _bool(job.get("restarted")):
+                r.restarted = True
+            if isinstance(job.get("proof"), Mapping):
+                r.proof = Proof.from_result(job.get("proof"))
+            if job.get("log_tail"):
+                r.log_tail = _lines(job.get("log_tail"))
+            if _bool(job.get("rolled_back")):
+                r.rolled_back = True
+                r.release = _str(job.get("rollback_release")) or r.release
+                r.previous_release = _str(job.get("release")) or r.previous_release
+                self.release_from_switch = True
+                if isinstance(job.get("rollback_proof"), Mapping):
+                    r.proof = Proof.from_result(job.get("rollback_proof"))
         elif _is(action, "trainer_status") and kind == "ok":
             r.status = TrainerStatus.from_result(res)
         elif _is(action, "trainer_start") and kind == "ok":

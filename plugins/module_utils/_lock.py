@@ -244,8 +244,47 @@ def guard(path, wait_s=None, clock=time.monotonic):
             os.close(fd)
 
 
-def acquire(path, token, owner, stale_s, clock=time.time):
-    """Take the lock, keep our own, take over a stale one, or refuse -> Outcome."""
+def _rewrite(path, record):
+    """Replace the record inside our lock atomically (under the guard)."""
+    tmp = os.path.join(path, RECORD + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(record, sort_keys=True))
+    os.replace(tmp, os.path.join(path, RECORD))
+
+
+def heartbeat(path, token, lease_s, owner=None, clock=time.time, **extra):
+    """Renew our lock: heartbeat now, expires now + lease_s (owner and extra fields updated when
+    given) -> Outcome KEEP, or NOT_OURS / ERROR (not ok) when it is no longer ours."""
+    try:
+        with guard(path):
+            now = clock()
+            record, _text, exists, _mtime = read_lock(path)
+            if not exists or record is None or record.get("token") != token:
+                return Outcome(NOT_OURS, False, not_ours_message(path, record, now) if exists else
+                               "lock %s is no longer held (released or removed)" % path, record)
+            record = dict(record, heartbeat=now, expires=now + lease_s, **extra)
+            if owner:
+                record["owner"] = owner
+            _rewrite(path, record)
+            return Outcome(KEEP, True, "renewed %s until %d" % (path, record["expires"]), record)
+    except OSError as exc:
+        return Outcome(ERROR, False, "Unable to renew lock %s: %s" % (path, exc))
+
+
+def acquire(path, token, owner, stale_s, clock=time.time, lease_s=None):
+    """Take the lock, keep our own, take over a stale one, or refuse -> Outcome. With
+    ``lease_s``, the record expires that long after it is taken or renewed (a holder that
+    stops renewing - a killed play - is stale then, not after stale_s)."""
+    if lease_s is not None:
+        out = _acquire(path, token, owner, stale_s, clock, lease_s)
+        if out.ok and out.action == KEEP:
+            renewed = heartbeat(path, token, lease_s, clock=clock)
+            return Outcome(KEEP, renewed.ok, renewed.msg, renewed.record)
+        return out
+    return _acquire(path, token, owner, stale_s, clock, None)
+
+
+def _acquire(path, token, owner, stale_s, clock, lease_s):
     try:
         with guard(path):
             _sweep(path)
@@ -253,7 +292,7 @@ def acquire(path, token, owner, stale_s, clock=time.time):
                 now = clock()
                 record, text, exists, mtime = read_lock(path)
                 if not exists:
-                    if _create(path, owner_record(token, owner, now)):
+                    if _create(path, owner_record(token, owner, now, expires=None if lease_s is None else now + lease_s)):
                         return Outcome(TAKE, True, "took %s" % path, changed=True)
                     continue  # created under us by someone outside the guard: look again
                 if record is None and now - mtime < JUST_STARTING_S:
@@ -268,7 +307,7 @@ def acquire(path, token, owner, stale_s, clock=time.time):
                 if not moved:
                     continue  # it vanished or changed under us: look again
                 _remove(aside)
-                if _create(path, owner_record(token, owner, now)):
+                if _create(path, owner_record(token, owner, now, expires=None if lease_s is None else now + lease_s)):
                     return Outcome(STALE, True, "took over %s from %s" % (
                         path, (record or {}).get("owner", "an unreadable record")), record, changed=True)
             return Outcome(ERROR, False, "Unable to take lock %s: it kept changing under us (%d tries)"

@@ -71,10 +71,12 @@ _NUMBERS = (
     ("trainer_log_max_mib", 0, 1024 * 1024, "MiB"),
     ("trainer_log_keep", 0, 1000, "files"),
     ("trainer_preflight_timeout_s", 1, 3600, "s"),
+    ("trainer_lock_lease_s", 10, 3600, "s"),
+    ("trainer_lock_wait_s", 0, SECONDS_MAX, "s"),
 )
 
 _PATHS = ("trainer_root", "trainer_log_path", "trainer_env_file", "trainer_inductor_cache_dir",
-          "trainer_launcher_path", "trainer_lock_path")
+          "trainer_launcher_path", "trainer_lock_path", "trainer_job_state_path")
 _REGEXES = ("trainer_ready_regex", "trainer_step_regex", "trainer_tokps_regex")
 
 # which variables each entry point uses (status reads only)
@@ -181,7 +183,8 @@ def _paths_problems(v):
     if cache is not None:
         problems.extend(_cache_problems(cache, ok))
     seen = {}
-    for name in ("trainer_log_path", "trainer_env_file", "trainer_launcher_path", "trainer_lock_path"):
+    for name in ("trainer_log_path", "trainer_env_file", "trainer_launcher_path", "trainer_lock_path",
+                 "trainer_job_state_path"):
         if name in ok:
             if ok[name] in seen:
                 problems.append(Problem(name, "is the same file as %s" % seen[ok[name]], "a file of its own", ok[name]))
@@ -208,6 +211,7 @@ def _cache_problems(cache, ok):
         "trainer_env_file": "the environment file",
         "trainer_launcher_path": "the launcher",
         "trainer_lock_path": "the deploy lock",
+        "trainer_job_state_path": "the restart job's state",
     }
     for other, words in what.items():
         if other not in ok:

@@ -49,6 +49,22 @@ options:
     description: Seconds after which someone else's lock counts as abandoned.
     type: int
     default: 3600
+  lease_s:
+    description:
+      - Seconds the lock stays ours without renewal; taking it again with the same token renews
+        it. A holder that stops renewing (a killed play, a lost connection) is taken over after
+        its lease, not after O(stale_s). The restart job renews it while it runs.
+      - Unset - no lease, only O(stale_s).
+    type: int
+  wait_s:
+    description: While someone else holds the lock, wait up to this many seconds for it (to be
+      released or to expire) before refusing.
+    type: float
+    default: 0
+  missing_ok:
+    description: With O(state=absent), a lock that is already gone (released by the restart job) is no warning.
+    type: bool
+    default: false
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -107,6 +123,9 @@ def main():
             token=dict(type="str", required=True, no_log=False),
             owner=dict(type="str", default="unknown"),
             stale_s=dict(type="int", default=3600),
+            lease_s=dict(type="int"),
+            wait_s=dict(type="float", default=0),
+            missing_ok=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -124,12 +143,17 @@ def main():
             module.warn(out.msg)
         module.exit_json(changed=out.changed, action=out.action, msg="check mode: " + out.msg)
     else:
-        out = acquire(p["path"], p["token"], p["owner"], p["stale_s"], clock=time.time)
+        deadline = time.monotonic() + max(p["wait_s"], 0)
+        while True:
+            out = acquire(p["path"], p["token"], p["owner"], p["stale_s"], clock=time.time, lease_s=p["lease_s"])
+            if out.ok or out.action != REFUSE or time.monotonic() >= deadline:
+                break
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.05)))
 
     if not out.ok:
         extra = dict(owner=out.owner()) if out.action in (REFUSE, NOT_OURS) else {}
         module.fail_json(msg=out.msg, action=out.action, **extra)
-    if out.action == NONE:
+    if out.action == NONE and not p["missing_ok"]:
         module.warn(out.msg)
     extra = dict(previous_owner=out.owner()) if out.action == STALE else {}
     module.exit_json(changed=out.changed, action=out.action, msg=out.msg, **extra)

@@ -294,10 +294,8 @@ archive_bytes:
 
 import base64
 import datetime
-import errno
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -318,167 +316,32 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     hash_entries,
     manifest_items,
     order_newest_first,
-    parse_manifest,
     plan_prune,
     scan_tree,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._release import _safe_mode as extracted_mode
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None
-
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-TMP_PREFIX = ".tmp-"
-
-
-class ReleaseModuleError(Exception):
-    def __init__(self, msg, **result):
-        super(ReleaseModuleError, self).__init__(msg)
-        self.msg = msg
-        self.result = result
-
-
-# ---------------------------------------------------------------------------------------------
-# reading the layout
-
-def releases_dir(root):
-    return os.path.join(root, "releases")
-
-
-def release_path(root, rid):
-    return os.path.join(releases_dir(root), rid)
-
-
-def validate_id(rid, what="release"):
-    if not rid or not _ID_RE.match(rid):
-        raise ReleaseModuleError("invalid %s id %r: expected letters, digits, '.', '_' or '-', "
-                                 "not starting with '.'" % (what, rid))
-    return rid
-
-
-def is_complete(root, rid):
-    """A complete release: a real directory releases/<id> holding the marker file."""
-    path = release_path(root, rid)
-    return (os.path.isdir(path) and not os.path.islink(path)
-            and os.path.isfile(os.path.join(path, MARKER_NAME)))
-
-
-def list_releases(root):
-    """Complete releases: id -> marker mtime. Partial, temporary and foreign entries are ignored."""
-    out = {}
-    try:
-        names = os.listdir(releases_dir(root))
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            return out
-        raise
-    for name in names:
-        if name.startswith(".") or not _ID_RE.match(name):
-            continue
-        if is_complete(root, name):
-            out[name] = os.stat(os.path.join(release_path(root, name), MARKER_NAME)).st_mtime
-    return out
-
-
-def read_current(root):
-    """Id that root/current points at, or None. Fails on a `current` that is not our symlink."""
-    path = os.path.join(root, "current")
-    if not os.path.lexists(path):
-        return None
-    if not os.path.islink(path):
-        raise ReleaseModuleError("%s exists and is not a symlink; refusing to manage it" % path)
-    target = os.readlink(path)
-    if not os.path.isabs(target):
-        target = os.path.join(root, target)
-    target = os.path.normpath(target)
-    if os.path.dirname(target) != os.path.normpath(releases_dir(root)):
-        raise ReleaseModuleError("%s points at %s, which is not a release under %s"
-                                 % (path, os.readlink(path), releases_dir(root)))
-    return os.path.basename(target)
-
-
-def read_manifest(root, rid):
-    """Entries of complete release rid as recorded in its marker, or None (no usable manifest)."""
-    try:
-        with open(os.path.join(release_path(root, rid), MARKER_NAME)) as f:
-            marker = json.load(f)
-        return parse_manifest(marker["manifest"], "manifest of release %s" % rid)
-    except (OSError, ValueError, KeyError, TypeError, ReleaseError):
-        return None
-
-
-def delta_base(root, previous):
-    """(base id, sorted distinct sha256 of its files) for a delta upload, or (None, [])."""
-    if previous is None or not _ID_RE.match(previous) or not is_complete(root, previous):
-        return None, []
-    manifest = read_manifest(root, previous)
-    if manifest is None:
-        return None, []
-    return previous, sorted(set(e.payload for e in manifest if e.kind == KIND_FILE))
-
-
-def read_last_good(root):
-    path = os.path.join(root, "last_good")
-    try:
-        with open(path) as f:
-            value = f.read().strip()
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            return None
-        raise
-    return value or None
-
-
-def stale_entries(root):
-    """Leftovers of interrupted runs, as paths relative to root."""
-    out = []
-    rdir = releases_dir(root)
-    if os.path.isdir(rdir):
-        out.extend("releases/" + n for n in sorted(os.listdir(rdir)) if n.startswith(TMP_PREFIX))
-    if os.path.isdir(root):
-        out.extend(n for n in sorted(os.listdir(root))
-                   if n.startswith("current.tmp-") or n.startswith("last_good.tmp-"))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# writing
-
-def _rand():
-    return os.urandom(4).hex()
-
-
-def remove_path(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)
-
-
-def switch_current(root, rid):
-    """current -> releases/<rid>, atomically: a new relative symlink renamed over the old one."""
-    tmp = os.path.join(root, "current.tmp-" + _rand())
-    os.symlink(os.path.join("releases", rid), tmp)
-    try:
-        os.replace(tmp, os.path.join(root, "current"))
-    except OSError:
-        os.unlink(tmp)
-        raise
-    fsync_dir(root)
-
-
-def write_last_good(root, rid):
-    tmp = os.path.join(root, "last_good.tmp-" + _rand())
-    with open(tmp, "w") as f:
-        f.write(rid + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, os.path.join(root, "last_good"))
-    fsync_dir(root)
-
+from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (  # noqa: F401 (used by tests too)
+    delete_release,
+    delta_base,
+    _ID_RE,
+    is_complete,
+    list_releases,
+    _Lock,
+    _rand,
+    read_current,
+    read_last_good,
+    read_manifest,
+    release_path,
+    ReleaseModuleError,
+    releases_dir,
+    remove_path,
+    stale_entries,
+    switch_current,
+    TMP_PREFIX,
+    validate_id,
+    write_last_good,
+)
 
 def _base_unusable(rid, base, why):
     return ReleaseModuleError("Unable to install release %s as a delta on base release %s: %s; "
@@ -545,29 +408,6 @@ def install_release(root, rid, archive, base=None):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return stats
-
-
-def delete_release(root, rid):
-    """Rename out of the releases namespace first, so a half-deleted release never looks complete."""
-    aside = os.path.join(releases_dir(root), "%sdelete-%s-%s" % (TMP_PREFIX, rid, _rand()))
-    os.rename(release_path(root, rid), aside)
-    shutil.rmtree(aside)
-
-
-class _Lock(object):
-    def __init__(self, root):
-        self.path = os.path.join(root, ".lock")
-        self.fd = None
-
-    def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        if fcntl is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
-        return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,9 @@ options:
   log_path:
     description: The trainer's log file (with the launcher's marker lines). Omit to skip.
     type: path
+  job_state_path:
+    description: The restart job's state file; when given, RV(last_job) reports the last restart job.
+    type: path
   nvidia_smi:
     description:
       - Name (looked up in E(PATH)) or absolute path of nvidia-smi. When it is missing or fails,
@@ -61,6 +64,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+last_job:
+  description: The last restart job (job_id, phase, done, alive, ok, words) when O(job_state_path) is given and it exists.
+  returned: when O(job_state_path) is given
+  type: dict
+  sample: {"job_id": "x-1", "phase": "done", "done": true, "alive": false, "ok": true, "words": "restart job x-1 (...) ended: ready: ..."}
 gpus:
   description: Each GPU nvidia-smi lists (index, name, memory used and total in MiB); V(null) when nvidia-smi failed.
   returned: always
@@ -200,6 +208,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
@@ -275,6 +284,7 @@ def main():
             trainer_root=dict(type="path"),
             log_path=dict(type="path"),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
+            job_state_path=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -345,6 +355,12 @@ def main():
                 result["last_good"] = f.read().strip() or None
         result["drift"] = bool(result["running_release"] and result["current_release"]
                                and result["running_release"] != result["current_release"])
+
+    if p["job_state_path"]:
+        job = read_state(p["job_state_path"])
+        result["last_job"] = None if job is None else dict(
+            job_id=job.get("job_id"), phase=job.get("phase"), done=bool(job.get("done")), alive=job_alive(job),
+            ok=(job.get("result") or {}).get("ok"), words=outcome_words(job))
 
     nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
     if nvidia_smi is None:

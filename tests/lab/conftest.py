@@ -27,6 +27,14 @@ class Lab:
                 "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
                 *extra, "%s@%s" % (self.user, self.host)]
 
+    def conn_vars(self, connection="dflash.trainer.pct"):
+        """Inventory variables that reach the lab's containers the way inventory/lab.yml does
+        (host key checked against the lab's own known_hosts)."""
+        return {"ansible_connection": connection, "ansible_host": self.host, "ansible_port": self.port,
+                "ansible_user": self.user, "ansible_ssh_private_key_file": self.key,
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "ansible_pct_known_hosts_file": self.facts["known_hosts"]}
+
     def pct(self, *args, **kw):
         """Run `pct ARGS` on the lab host (directly: the lab host is this machine)."""
         kw.setdefault("capture_output", True)

@@ -47,13 +47,7 @@ def target(lab, tmp_path_factory):
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["pct", "stop", STOPPED_CT], check=False, capture_output=True)
     base = tmp_path_factory.mktemp("bad-input")
-    conn = {"ansible_connection": "dflash.trainer.pct", "ansible_host": lab.host, "ansible_port": lab.port,
-            "ansible_user": lab.user, "ansible_ssh_private_key_file": lab.key,
-            "ansible_python_interpreter": "/usr/bin/python3", "ansible_host_key_checking": False}
-    known_hosts = os.path.join(os.path.dirname(lab.key), "known_hosts")
-    if os.path.exists(known_hosts):  # the lab pins its host key where it writes one
-        conn.pop("ansible_host_key_checking")
-        conn["ansible_ssh_common_args"] = "-o UserKnownHostsFile=%s" % known_hosts
+    conn = lab.conn_vars()
     inv = base / "hosts.json"
     inv.write_text(json.dumps({"all": {"hosts": {
         "bi": {"proxmox_vmid": int(CT)},

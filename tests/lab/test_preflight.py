@@ -20,13 +20,7 @@ def inv(lab, tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     base = tmp_path_factory.mktemp("preflight")
-    conn = {"ansible_connection": "dflash.trainer.pct", "ansible_host": lab.host, "ansible_port": lab.port,
-            "ansible_user": lab.user, "ansible_ssh_private_key_file": lab.key,
-            "ansible_python_interpreter": "/usr/bin/python3", "ansible_host_key_checking": False}
-    known_hosts = os.path.join(os.path.dirname(lab.key), "known_hosts")
-    if os.path.exists(known_hosts):
-        conn.pop("ansible_host_key_checking")
-        conn["ansible_ssh_common_args"] = "-o UserKnownHostsFile=%s" % known_hosts
+    conn = lab.conn_vars()
     path = base / "hosts.json"
     path.write_text(json.dumps({"all": {"hosts": {"pf": {"proxmox_vmid": int(CT)}}, "vars": conn}}))
     res = deploy(str(path), tree(base, "good"))

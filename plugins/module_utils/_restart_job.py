@@ -1,0 +1,172 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The restart job: the whole cycle and its rollback, run on the target.
+
+Once the trainer is stopped, nothing may depend on the controller staying connected: a lost
+ssh link or a killed ansible-playbook makes Ansible skip ``rescue`` and ``always``, which used to
+strand a stopped trainer and a held lock. So the role starts this job (``trainer_restart``
+under Ansible's ``async``, which daemonises it in the container) and only watches it. The job
+
+  stop -> drain -> purge -> start -> prove -> mark good
+  on failure: current back to the last good release -> stop -> drain -> purge -> start -> prove
+  (no good release to go back to: stop the failed trainer)
+
+renews the deploy lock while it runs (a lease: a job that dies stops renewing), releases it at
+the end, and keeps its phase and its outcome in a state file that the next run reads: an
+interrupted run's outcome is reported, never lost.
+
+``RestartJob`` takes its steps and the release layout as callables, so tests drive it with fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+
+STATE_VERSION = 1
+
+
+def read_state(path):
+    """The job state file as a dict, or None (absent or unreadable)."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (IOError, OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_state(path, data):
+    """Atomically (tmp + rename): a reader sees the old or the new state, never half of one."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, 0o755)
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+def job_alive(state, pid_alive=None):
+    """Whether the job that wrote ``state`` still runs (its pid lives and is still the job)."""
+    if not state or state.get("done"):
+        return False
+    pid = state.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid_alive is not None:
+        return pid_alive(pid)
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            start_ticks = fh.read().rsplit(")", 1)[1].split()[19]
+    except (IOError, OSError, IndexError):
+        return False
+    return str(state.get("pid_start", start_ticks)) == start_ticks
+
+
+def pid_start(pid):
+    """The process's start time in clock ticks (to tell a reused pid), or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (IOError, OSError, IndexError):
+        return None
+
+
+def outcome_words(state):
+    """One line for a job's state: what it did, or what it was doing."""
+    if not state:
+        return "no restart job on record"
+    job = "restart job %s (%s, started %s)" % (state.get("job_id", "?"), state.get("owner", "?"),
+                                               state.get("started_at", "?"))
+    if not state.get("done"):
+        return "%s is in phase %s" % (job, state.get("phase", "?"))
+    result = state.get("result") or {}
+    return "%s ended: %s" % (job, result.get("outcome") or result.get("msg") or "?")
+
+
+class RestartJob(object):
+    """One restart (and its rollback). ``steps`` provides stop(), drain(), purge(), start(),
+    prove(invocation_id, n_restarts), unit_state(); ``layout`` provides current(), last_good(),
+    switch(rid), mark_good(rid); ``tick()`` is called often (renews the lock, records the
+    phase); ``clock`` gives wall time."""
+
+    def __init__(self, steps, layout, rollback=True, purge=True, on_phase=None, clock=time.time,
+                 releases_dir="the releases directory", log_path=None):
+        self.releases_dir = releases_dir
+        self.log_path = log_path
+        self.steps = steps
+        self.layout = layout
+        self.rollback = rollback
+        self.purge = purge
+        self.on_phase = on_phase or (lambda phase, **kw: None)
+        self.clock = clock
+        self.phases = []
+
+    def phase(self, name, **kw):
+        self.phases.append(name)
+        self.on_phase(name, **kw)
+
+    def cycle(self, release, prefix=""):
+        """stop -> drain -> purge -> start -> prove on the release ``current`` points at."""
+        self.phase(prefix + "stopping", release=release)
+        self.steps.stop()
+        self.phase(prefix + "draining", release=release)
+        self.steps.drain()
+        if self.purge:
+            self.phase(prefix + "purging", release=release)
+            self.steps.purge()
+        self.phase(prefix + "starting", release=release)
+        started = self.steps.start()
+        self.phase(prefix + "proving", release=release, invocation_id=started.get("invocation_id"))
+        proof = self.steps.prove(started["invocation_id"], started["n_restarts"])
+        return started, proof
+
+    def run(self):
+        release = self.layout.current()
+        result = dict(release=release, restarted=False, rolled_back=False, proof=None)
+        try:
+            started, proof = self.cycle(release)
+            result.update(restarted=True, started=started)
+            self.layout.mark_good(release)
+            result.update(ok=True, proof=proof, outcome="ready: release %s proved (pid %s, step %s, %s tok/s)" % (
+                release, proof.get("main_pid"), proof.get("step"), proof.get("tok_s")))
+            self.phase("done")
+            return result
+        except StepFailed as exc:
+            result.update(ok=False, msg=exc.msg, failure=exc.msg, failed_phase=self.phases[-1] if self.phases else None,
+                          log_tail=exc.details.get("log_tail") or [], failure_details=exc.details)
+            result["restarted"] = any(p == "proving" for p in self.phases)
+        last_good = self.layout.last_good()
+        if not self.rollback:
+            result["outcome"] = "no rollback (trainer_rollback is off): %s" % self.steps.unit_state()
+        elif not last_good or last_good == release:
+            self.phase("stopping failed trainer")
+            try:
+                self.steps.stop()
+            except StepFailed as exc:
+                result["stop_failure"] = exc.msg
+            result["outcome"] = ("No rollback: no other release under %s has passed the proof (last good: %s). "
+                                 "%s; the failed start's log is kept%s." % (
+                                     self.releases_dir, last_good or "none", self.steps.unit_state(),
+                                     " in %s" % self.log_path if self.log_path else ""))
+        else:
+            self.phase("rolling back", release=last_good)
+            self.layout.switch(last_good)
+            result.update(rolled_back=True, rollback_release=last_good)
+            try:
+                _started, proof = self.cycle(last_good, prefix="rollback ")
+                result.update(rollback_proof=proof, outcome=(
+                    "Rolled back: the last good release %s runs again and is proved ready (pid %s, step %s, "
+                    "%s tok/s). The failed release %s stays under %s; the failed start's log is kept%s."
+                    % (last_good, proof.get("main_pid"), proof.get("step"), proof.get("tok_s"), release,
+                       self.releases_dir, " in %s" % self.log_path if self.log_path else "")))
+            except StepFailed as exc:
+                result.update(rollback_failure=exc.msg, outcome="Rollback to release %s FAILED as well: %s. %s" % (
+                    last_good, exc.msg.splitlines()[0], self.steps.unit_state()))
+        self.phase("done")
+        return result

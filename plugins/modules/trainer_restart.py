@@ -1,0 +1,409 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_restart
+short_description: Restart, prove and roll back the trainer as one job on the target
+description:
+  - O(state=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
+    readiness proof, mark the release good - and on failure the rollback (C(current) back to the
+    last good release, the same cycle again) or, with no good release to go back to, stops the
+    failed trainer. Run it with C(async) and C(poll: 0): Ansible's async wrapper daemonises it in
+    the container, so a lost connection or a killed C(ansible-playbook) never strands a stopped
+    trainer.
+  - While it runs it renews the deploy lock (O(lock_path), O(lock_token), a lease of
+    O(lock_lease_s)) and records its phase in O(state_path); at the end it records its outcome
+    there and releases the lock.
+  - O(state=wait) waits up to O(wait_s) for the job O(job_id) and returns its phase, or its
+    outcome when it has finished (failing when the restart failed). A job that died without an
+    outcome is reported as such, with the unit's state.
+author:
+  - dflash.trainer maintainers (@dflash)
+version_added: 0.2.0
+options:
+  state:
+    description: V(run) runs the job; V(wait) watches it.
+    type: str
+    choices: [run, wait]
+    default: run
+  job_id:
+    description: The job's id (the play's lock token is a good one).
+    type: str
+    required: true
+  state_path:
+    description: The job's state file in the container.
+    type: path
+    default: /run/dflash-trainer/restart.json
+  wait_s:
+    description: With O(state=wait), how long to wait for the job to finish before returning its phase.
+    type: float
+    default: 30
+  unit:
+    description: The trainer's unit.
+    type: str
+  root:
+    description: The release root (releases/, current, last_good).
+    type: path
+  log_path:
+    description: The trainer's log.
+    type: path
+  purge_dir:
+    description: The torchinductor cache directory, deleted while the trainer is stopped; empty - no purge.
+    type: str
+    default: ""
+  gpus:
+    description: The trainer's GPUs (drain and proof).
+    type: list
+    elements: int
+  drain_max_mib:
+    description: A GPU at or below this many MiB counts as drained.
+    type: int
+    default: 1024
+  drain_timeout_s:
+    description: Seconds the drain may take.
+    type: float
+    default: 60
+  stop_timeout_s:
+    description: The unit's TimeoutStopSec (systemctl stop is bounded by it plus 30 s).
+    type: float
+    default: 30
+  min_mib:
+    description: Memory every trainer GPU must hold to be ready (MiB).
+    type: int
+    default: 1024
+  ready_regex:
+    description: A line of this start's log that shows the trainer ready.
+    type: str
+    default: "tok/s"
+  step_regex:
+    description: The step counter (first group).
+    type: str
+    default: '\bstep[=: ]\s*(\d+)'
+  tokps_regex:
+    description: The throughput (first group).
+    type: str
+    default: 'tok/s[=: ]\s*([0-9.]+)'
+  error_regexes:
+    description: Lines that fail the proof at once.
+    type: list
+    elements: str
+    default: []
+  min_steps:
+    description: Increasing step values needed.
+    type: int
+    default: 2
+  hold_s:
+    description: Seconds every condition must hold, with progress.
+    type: float
+    default: 10
+  stall_s:
+    description: The longest gap between step advances.
+    type: float
+    default: 5
+  timeout_s:
+    description: The proof's deadline.
+    type: float
+    default: 300
+  interval_s:
+    description: Poll interval.
+    type: float
+    default: 1
+  tail_lines:
+    description: Lines of the log shown on failure.
+    type: int
+    default: 20
+  nvidia_smi:
+    description: The nvidia-smi program.
+    type: str
+    default: nvidia-smi
+  rollback:
+    description: Put the last good release back (and prove it) when the proof fails.
+    type: bool
+    default: true
+  reasons:
+    description: Why the trainer restarts (recorded in the state file).
+    type: list
+    elements: str
+    default: []
+  owner:
+    description: Who started the job, in words.
+    type: str
+    default: unknown
+  lock_path:
+    description: The deploy lock to renew while the job runs and release at its end; empty - none.
+    type: str
+    default: ""
+  lock_token:
+    description: The play's lock token.
+    type: str
+    default: ""
+  lock_lease_s:
+    description: The lease the job renews (a job that dies leaves the lock to expire after this).
+    type: int
+    default: 30
+notes:
+  - Check mode is not supported by O(state=run) (the role does not call it in check mode).
+"""
+
+EXAMPLES = r"""
+- name: Restart on the target (survives the controller)
+  dflash.trainer.trainer_restart:
+    job_id: "{{ token }}"
+    unit: dflash-trainer
+    root: /opt/dflash-trainer
+    log_path: /workspace/trainer.log
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+  async: 900
+  poll: 0
+
+- name: Watch it
+  dflash.trainer.trainer_restart:
+    state: wait
+    job_id: "{{ token }}"
+  register: job
+  until: job.finished
+  retries: 30
+  delay: 0
+"""
+
+RETURN = r"""
+finished:
+  description: Whether the job has finished (O(state=wait)).
+  returned: always
+  type: bool
+phase:
+  description: The job's phase (stopping, draining, purging, starting, proving, rolling back, done, ...).
+  returned: always
+  type: str
+result:
+  description: The job's outcome - ok, release, proof, failure, rolled_back, rollback_proof, outcome (words), log_tail.
+  returned: when finished
+  type: dict
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
+    START_TIMEOUT_S,
+    STOP_MARGIN_S,
+    StepFailed,
+    compile_regexes,
+    drain,
+    expectations,
+    prove,
+    purge,
+    show,
+    start,
+    stop,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import heartbeat, release
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
+from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
+    _Lock,
+    read_current,
+    read_last_good,
+    switch_current,
+    write_last_good,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import (
+    RestartJob,
+    job_alive,
+    outcome_words,
+    pid_start,
+    read_state,
+    write_state,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
+
+RENEW_EVERY_S = 5.0
+
+
+class Steps(object):
+    """The cycle's steps, bound to this module's parameters."""
+
+    def __init__(self, p, systemctl, nvidia_smi, tick):
+        self.p, self.systemctl, self.nvidia_smi, self.tick = p, systemctl, nvidia_smi, tick
+        self.regexes = compile_regexes(p["ready_regex"], p["step_regex"], p["tokps_regex"], p["error_regexes"])
+
+    def stop(self):
+        return stop(Runner(self.p["stop_timeout_s"] + STOP_MARGIN_S), self.systemctl, self.p["unit"])
+
+    def drain(self):
+        deadline = time.monotonic() + self.p["drain_timeout_s"]
+        return drain(Runner(deadline=deadline), self.nvidia_smi, gpus=self.p["gpus"], max_mib=self.p["drain_max_mib"],
+                     timeout_s=self.p["drain_timeout_s"], tick=self.tick)
+
+    def purge(self):
+        return purge(self.p["purge_dir"])
+
+    def start(self):
+        return start(Runner(START_TIMEOUT_S), self.systemctl, self.p["unit"])
+
+    def prove(self, invocation_id, n_restarts):
+        p = self.p
+        deadline = time.monotonic() + p["timeout_s"]
+        return prove(Runner(deadline=deadline), self.systemctl, self.nvidia_smi, p["unit"], p["log_path"],
+                     expectations(invocation_id, n_restarts, p), self.regexes, interval_s=p["interval_s"],
+                     tick=self.tick)
+
+    def unit_state(self):
+        try:
+            props = show(Runner(), self.systemctl, self.p["unit"])
+        except StepFailed as exc:
+            return "the unit's state is unknown (%s)" % exc.msg
+        if is_running(props):
+            return "%s is running (pid %d)" % (self.p["unit"], int_prop(props, "MainPID", 0))
+        return "%s is stopped (%s)" % (self.p["unit"], state_words(props))
+
+
+class Layout(object):
+    def __init__(self, root):
+        self.root = root
+
+    def current(self):
+        return read_current(self.root)
+
+    def last_good(self):
+        return read_last_good(self.root)
+
+    def switch(self, rid):
+        with _Lock(self.root):
+            switch_current(self.root, rid)
+
+    def mark_good(self, rid):
+        with _Lock(self.root):
+            write_last_good(self.root, rid)
+
+
+def run_job(module):
+    p = module.params
+    for name in ("unit", "root", "log_path"):
+        if not p[name]:
+            module.fail_json(msg="%s is required with state=run" % name)
+    systemctl = module.get_bin_path("systemctl", required=True)
+    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
+    if nvidia_smi is None:
+        module.fail_json(msg="nvidia-smi (%s) not found on the target" % p["nvidia_smi"])
+    pid = os.getpid()
+    state = dict(version=1, job_id=p["job_id"], pid=pid, pid_start=pid_start(pid), owner=p["owner"],
+                 started=time.time(), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 reasons=p["reasons"], phase="starting job", done=False)
+    last_renew = [0.0]
+
+    def renew(force=False):
+        now = time.monotonic()
+        if p["lock_path"] and (force or now - last_renew[0] >= RENEW_EVERY_S):
+            last_renew[0] = now
+            heartbeat(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"], job_pid=pid)
+
+    def on_phase(name, **kw):
+        state.update(phase=name, phase_at=time.time(), **kw)
+        write_state(p["state_path"], state)
+        renew(force=True)
+
+    write_state(p["state_path"], state)
+    renew(force=True)
+    try:
+        steps = Steps(p, systemctl, nvidia_smi, renew)
+        job = RestartJob(steps, Layout(p["root"]), rollback=p["rollback"], purge=bool(p["purge_dir"]),
+                         on_phase=on_phase, releases_dir=os.path.join(p["root"], "releases"),
+                         log_path=p["log_path"])
+        result = job.run()
+    except StepFailed as exc:  # before the cycle (a bad regex): nothing was stopped
+        result = dict(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg)
+    except Exception as exc:  # the job must always record an outcome and free the lock
+        result = dict(ok=False, msg="restart job crashed: %r" % (exc,), outcome="restart job crashed: %r" % (exc,))
+    finally:
+        if p["lock_path"]:
+            release(p["lock_path"], p["lock_token"])
+    state.update(done=True, phase="done", finished=time.time(), result=result)
+    write_state(p["state_path"], state)
+    summary = dict(changed=True, finished=True, phase="done", result=result)
+    if result.get("ok"):
+        module.exit_json(**summary)
+    module.fail_json(msg=job_message(result), **summary)
+
+
+def job_message(result):
+    msg = result.get("msg") or "restart failed"
+    if result.get("outcome") and result.get("outcome") not in msg:
+        msg += "\n\n" + result["outcome"]
+    return msg
+
+
+def wait(module):
+    p = module.params
+    deadline = time.monotonic() + max(p["wait_s"], 0)
+    while True:
+        state = read_state(p["state_path"])
+        mine = state is not None and state.get("job_id") == p["job_id"]
+        if mine and state.get("done"):
+            result = state.get("result") or {}
+            summary = dict(changed=True, finished=True, phase="done", result=result, job=outcome_words(state))
+            if result.get("ok"):
+                module.exit_json(**summary)
+            module.fail_json(msg=job_message(result), **summary)
+        if mine and not job_alive(state):
+            module.fail_json(msg="restart job %s died in phase %s without an outcome (state %s)"
+                             % (p["job_id"], state.get("phase"), p["state_path"]), finished=True,
+                             phase=state.get("phase"), result={})
+        if time.monotonic() >= deadline:
+            module.exit_json(changed=False, finished=False, phase=(state or {}).get("phase", "not started")
+                             if mine else "not started", job=outcome_words(state) if mine else "")
+        time.sleep(0.25)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["run", "wait"], default="run"),
+            job_id=dict(type="str", required=True),
+            state_path=dict(type="path", default="/run/dflash-trainer/restart.json"),
+            wait_s=dict(type="float", default=30),
+            unit=dict(type="str"),
+            root=dict(type="path"),
+            log_path=dict(type="path"),
+            purge_dir=dict(type="str", default=""),
+            gpus=dict(type="list", elements="int"),
+            drain_max_mib=dict(type="int", default=1024),
+            drain_timeout_s=dict(type="float", default=60),
+            stop_timeout_s=dict(type="float", default=30),
+            min_mib=dict(type="int", default=1024),
+            ready_regex=dict(type="str", default="tok/s"),
+            step_regex=dict(type="str", default=r"\bstep[=: ]\s*(\d+)"),
+            tokps_regex=dict(type="str", default=r"tok/s[=: ]\s*([0-9.]+)"),
+            error_regexes=dict(type="list", elements="str", default=[]),
+            min_steps=dict(type="int", default=2),
+            hold_s=dict(type="float", default=10),
+            stall_s=dict(type="float", default=5),
+            timeout_s=dict(type="float", default=300),
+            interval_s=dict(type="float", default=1),
+            tail_lines=dict(type="int", default=20),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            rollback=dict(type="bool", default=True),
+            reasons=dict(type="list", elements="str", default=[]),
+            owner=dict(type="str", default="unknown"),
+            lock_path=dict(type="str", default=""),
+            lock_token=dict(type="str", default="", no_log=False),
+            lock_lease_s=dict(type="int", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    if module.params["state"] == "wait":
+        wait(module)
+    if module.check_mode:
+        module.exit_json(changed=True, finished=True, phase="check mode", result={},
+                         msg="check mode: the trainer would be restarted")
+    run_job(module)
+
+
+if __name__ == "__main__":
+    main()
