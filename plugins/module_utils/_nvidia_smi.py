@@ -58,8 +58,10 @@ _HEADER_ALIASES = {
     "name": "name",
 }
 
-_NUMBER_RE = re.compile(r"^(-?\d+(?:\.\d+)?)(?:\s*(?:MiB|%|W|MHz|C|KiB|GiB))?$")
-_LIST_GPU_RE = re.compile(r"^GPU\s+(?P<index>\d+):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)]+)\)\s*$")
+# Every field we query is a count, MiB or %: no sign, and no more digits than a 64-bit value has.
+_NUMBER_RE = re.compile(r"^(\d{1,20}(?:\.\d{1,20})?)(?:\s*(?:MiB|%|W|MHz|C|KiB|GiB))?$")
+# One greedy ".*" (not "\s+(.*?)\s+"): the lazy form backtracks cubically on a long blank line.
+_LIST_GPU_RE = re.compile(r"^GPU\s+(?P<index>\d+):(?P<name>\s.*)\s\(UUID:\s*(?P<uuid>[^()]+)\)\s*$")
 _LIST_MIG_RE = re.compile(
     r"^\s+MIG\s+(?P<profile>\S+)\s+Device\s+(?P<device>\d+):\s+\(UUID:\s*(?P<uuid>[^)]+)\)\s*$"
 )
@@ -127,12 +129,12 @@ def _split(line, nfields, text_index):
         merged = ", ".join(cells[text_index:text_index + extra + 1])
         cells = cells[:text_index] + [merged] + cells[text_index + extra + 1:]
     if len(cells) != nfields:
-        raise NvidiaSmiError("expected %d fields, got %d: %r" % (nfields, len(cells), line))
+        raise NvidiaSmiError("nvidia-smi output: expected %d fields, got %d: %r" % (nfields, len(cells), line))
     return cells
 
 
 def _header_key(cell):
-    name = re.sub(r"\s*\[[^\]]*\]\s*$", "", cell.strip())  # "memory.used [MiB]" -> "memory.used"
+    name = re.sub(r"\[[^\[\]]*\]$", "", cell.strip()).strip()  # "memory.used [MiB]" -> "memory.used"
     return _HEADER_ALIASES.get(name, name)
 
 
@@ -149,7 +151,7 @@ def parse_number(cell):
         return None, cell
     m = _NUMBER_RE.match(cell)
     if not m:
-        raise NvidiaSmiError("not a number: %r" % cell)
+        raise NvidiaSmiError("nvidia-smi output: not a number: %r" % cell)
     text = m.group(1)
     return (float(text) if "." in text else int(text)), None
 
@@ -163,8 +165,9 @@ def parse_text(cell):
 
 def _rows(text, fields, text_index):
     """Yield dicts field -> raw cell, skipping blank lines and header lines (column order is
-    taken from a header when one is present)."""
+    taken from a header when one is present; a header of other fields raises)."""
     order = list(fields)
+    text_field = fields[text_index] if text_index is not None else None
     for raw in (text or "").splitlines():
         line = raw.strip()
         if not line or line == "No running processes found":
@@ -172,9 +175,11 @@ def _rows(text, fields, text_index):
         cells = _split(line, len(order), text_index)
         if _looks_like_header(cells, fields):
             keys = [_header_key(c) for c in cells]
-            if sorted(keys) == sorted(fields):
-                order = keys
-                text_index = order.index(fields[text_index]) if text_index is not None else None
+            if sorted(keys) != sorted(fields):
+                raise NvidiaSmiError("nvidia-smi output: header %r does not match the query (%s)" % (
+                    line, ", ".join(fields)))
+            order = keys
+            text_index = order.index(text_field) if text_field is not None else None
             continue
         yield dict(zip(order, cells))
 
@@ -187,9 +192,13 @@ def parse_query_gpu(text):
 
     Returns a list of dicts: index, uuid, name, memory_used_mib, memory_total_mib,
     utilization_gpu_pct, errors (["memory.used: [N/A]", ...]). Error values become None.
+    Raises NvidiaSmiError for output without GPU rows (nvidia-smi reports "No devices were
+    found" instead), an index that is not a whole number, or an index listed twice.
     """
     gpus = []
-    for row in _rows(text, GPU_FIELDS, GPU_FIELDS.index("name")):
+    # No comma folding here (GPU names have none): an extra cell must raise, not shift
+    # memory.total into memory.used.
+    for row in _rows(text, GPU_FIELDS, None):
         errors = []
 
         def num(field):
@@ -215,8 +224,14 @@ def parse_query_gpu(text):
             "errors": errors,
         }
         if index is None:
-            raise NvidiaSmiError("GPU row without an index: %r" % row)
+            raise NvidiaSmiError("nvidia-smi output: GPU row without an index: %r" % row)
+        if not isinstance(index, int):
+            raise NvidiaSmiError("nvidia-smi output: GPU index is not a whole number: %r" % row)
+        if any(g["index"] == index for g in gpus):
+            raise NvidiaSmiError("nvidia-smi output: GPU %d listed twice" % index)
         gpus.append(gpu)
+    if not gpus:
+        raise NvidiaSmiError("nvidia-smi output: no GPU rows in %r" % (text or "")[:200])
     return gpus
 
 
@@ -259,7 +274,7 @@ def parse_list(text):
             continue
         m = _LIST_GPU_RE.match(raw.rstrip())
         if m:
-            gpus.append({"index": int(m.group("index")), "name": m.group("name"),
+            gpus.append({"index": int(m.group("index")), "name": m.group("name").strip(),
                          "uuid": m.group("uuid").strip(), "mig": []})
             continue
         m = _LIST_MIG_RE.match(raw.rstrip())

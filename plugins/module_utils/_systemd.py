@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 # Properties the trainer modules read. Each activation gets a new InvocationID; NRestarts
@@ -58,10 +59,12 @@ def parse_show(lines):
     """Parse ``systemctl show`` output (text or lines) into a dict.
 
     Same rules as ansible-core's ``parse_systemctl_show``: only ``Exec*`` values that start with
-    ``{`` may span lines, until a line that ends with ``}``.
+    ``{`` may span lines, until a line that ends with ``}``. Lines end at a newline only
+    (systemctl prints values raw: a value holding U+001C or U+2028 must not split into a forged
+    property, as ``str.splitlines`` would make it).
     """
     if isinstance(lines, str):
-        lines = lines.splitlines()
+        lines = lines.split("\n")
     parsed = {}
     multival = []
     key = None
@@ -84,12 +87,20 @@ def parse_show(lines):
     return parsed
 
 
+_INT_RE = re.compile(r"\s*-?[0-9]{1,20}\s*")
+
+
 def int_prop(props, key, default=0):
-    """Integer property; '', '[not set]' and junk give ``default``."""
-    try:
-        return int(props.get(key, ""))
-    except (TypeError, ValueError):
+    """Integer property; '', '[not set]' and junk (``1_0``, non-ASCII digits, more than 64 bits)
+    give ``default``."""
+    value = props.get(key, "")
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and _INT_RE.fullmatch(value):
+        number = int(value)
+    else:
         return default
+    return number if -(1 << 63) <= number < (1 << 64) else default
 
 
 def bool_prop(props, key):

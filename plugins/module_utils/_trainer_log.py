@@ -18,7 +18,8 @@ import os
 import re
 from time import monotonic as _monotonic
 
-MARKER_RE = re.compile(r"^==> dflash\.trainer start (?P<fields>.*?)\s*<==\s*$")
+# Greedy ".*": the lazy "(.*?)\s*<==" backtracks quadratically on a long line of blanks.
+MARKER_RE = re.compile(r"^==> dflash\.trainer start (?P<fields>.*)<==\s*$")
 
 DEFAULT_READY_REGEX = r"tok/s"
 DEFAULT_STEP_REGEX = r"\bstep[=: ]\s*(\d+)"
@@ -30,7 +31,10 @@ DEFAULT_ERROR_REGEXES = (
     r"OutOfMemoryError",
 )
 
-REASON_RE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w*(?:Error|Exception)\b.*?:\s*\S")
+# The exception's name, then (``_REASON_MSG_RE``, from where the name ends) ": <message>". One
+# regex for both backtracks quadratically on a long line such as "a.Error.Error.Error...".
+REASON_RE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w*(?:Error|Exception)\b")
+_REASON_MSG_RE = re.compile(r".*?:\s*\S")
 
 DEFAULT_KEEP_LINES = 1000
 
@@ -57,7 +61,8 @@ def marker_line(invocation, release, pid, time):
 
 def is_reason_line(line):
     """``SomethingError: msg`` / ``pkg.SomethingException: msg``."""
-    return bool(REASON_RE.match(line))
+    m = REASON_RE.match(line)
+    return bool(m and _REASON_MSG_RE.match(line, m.end()))
 
 
 def reason_line(lines):
