@@ -140,9 +140,10 @@ def purge(path):
 # ---------------------------------------------------------------------------------------------
 # start
 
-def start(run, systemctl, unit, allow_running=False):
+def start(run, systemctl, unit, allow_running=False, start_run=None):
     """Start the unit and record this activation -> dict(invocation_id, n_restarts (the
-    readiness baseline), main_pid, ...). ``kept``: already running and allowed."""
+    readiness baseline), main_pid, ...). ``start_run`` runs ``systemctl start`` itself (it
+    waits for the start job: give it START_TIMEOUT_S); default ``run``."""
     before = show(run, systemctl, unit)
     action, message = start_decision(unit, before, allow_running)
     if action == "fail":
@@ -153,7 +154,7 @@ def start(run, systemctl, unit, allow_running=False):
     # A deliberate start by the deployer must not be refused by the start limit that exists to
     # stop crash loops (a failed proof + rollback already costs two starts): reset it first.
     call(run, [systemctl, "reset-failed", unit])
-    rc, out, err = call(run, start_argv(unit, systemctl=systemctl),
+    rc, out, err = call(start_run or run, start_argv(unit, systemctl=systemctl),
                         hint="the start job may still be queued (systemctl list-jobs)")
     if rc != 0:
         raise StepFailed("Unable to start unit %s: %s" % (unit, (err or out).strip()), rc=rc)

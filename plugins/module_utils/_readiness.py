@@ -123,6 +123,12 @@ def missing_conditions(expect, snap):
     if low:
         missing.append("%s below %d MiB (%s MiB)" % (
             fmt_gpu_list([i for i, _mib in low]), expect.min_mib, ", ".join(str(m) for _i, m in low)))
+    # the unit's identity: without a readable NRestarts and an InvocationID nothing shows whether
+    # the unit restarted under us, so garbage there can never count as ready
+    if not snap.unit.get("InvocationID"):
+        missing.append("systemd reports no InvocationID for the unit")
+    if int_prop(snap.unit, "NRestarts", None) is None:
+        missing.append("the unit's NRestarts is unreadable (%r)" % snap.unit.get("NRestarts"))
     log = snap.log
     if log is None or getattr(log, "marker", None) is None:
         missing.append("no start marker for invocation %s in the log" % expect.invocation_id)
@@ -423,7 +429,8 @@ class DrainJudge(object):
                 fmt_gpu_list(absent), index_ranges(mib) or "none")
             return Verdict(FAILED, reason, dict(details, reason=reason))
         held = [i for i in indexes if mib[i] is None or mib[i] > self.max_mib]
-        self.streak = 0 if held else self.streak + 1
+        # a sample with no GPU at all proves nothing drained (Judge: "nvidia-smi reports no GPUs")
+        self.streak = 0 if held or not indexes else self.streak + 1
         if self.streak >= self.consecutive:
             return Verdict(READY, "GPU memory at or below %d MiB on %d consecutive samples" % (
                 self.max_mib, self.consecutive), details)

@@ -96,12 +96,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
-    NvidiaSmiError,
-    read_gpus,
-    require,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import DrainJudge
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, drain
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import require
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 
 
@@ -121,24 +117,15 @@ def main():
     if p["consecutive"] < 1 or p["interval_s"] < 0 or p["timeout_s"] < 0:
         module.fail_json(msg="consecutive must be >= 1, interval_s and timeout_s >= 0")
     nvidia_smi = require(module, p["nvidia_smi"])
-
-    start = time.monotonic()
-    judge = DrainJudge(max_mib=p["max_mib"], consecutive=p["consecutive"], timeout_s=p["timeout_s"],
-                       gpus=p["gpus"], start=start)
-    # a hung nvidia-smi is killed at 30 s or at the deadline, whichever is first
-    run = ModuleRunner(module, deadline=start + p["timeout_s"])
-    while True:
-        try:
-            # the process list only names holders in the failure message; memory decides
-            gpus, _warnings = read_gpus(run, nvidia_smi)
-        except NvidiaSmiError as e:
-            module.fail_json(msg=str(e), samples=judge.samples)
-        verdict = judge.observe(time.monotonic(), gpus)
-        if verdict.state == "ready":
-            module.exit_json(changed=False, **verdict.details)
-        if verdict.state == "failed":
-            module.fail_json(msg=verdict.reason, **verdict.details)
-        time.sleep(judge.next_wait(time.monotonic(), p["interval_s"]))
+    # the poll loop lives in module_utils/_cycle.py (shared with the restart job); a hung
+    # nvidia-smi is killed at 30 s or at the deadline, whichever is first
+    run = ModuleRunner(module, deadline=time.monotonic() + p["timeout_s"])
+    try:
+        details = drain(run, nvidia_smi, gpus=p["gpus"], max_mib=p["max_mib"], consecutive=p["consecutive"],
+                        interval_s=p["interval_s"], timeout_s=p["timeout_s"])
+    except StepFailed as exc:
+        module.fail_json(msg=exc.msg, **exc.details)
+    module.exit_json(changed=False, **details)
 
 
 if __name__ == "__main__":

@@ -231,76 +231,29 @@ missing:
   sample: ["GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB)"]
 """
 
-import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_native
 
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
-    NvidiaSmiError,
-    memory_by_index,
-    read_gpus,
-    require,
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
+    StepFailed,
+    compile_regexes,
+    expectations,
+    prove,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import require
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
-    FAILED,
-    READY,
     DEFAULT_HOLD_S,
     DEFAULT_STALL_S,
-    Expectations,
-    Judge,
-    Snapshot,
     window_problem,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
-    is_running,
-    parse_show,
-    show_argv,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_ERROR_REGEXES,
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
     DEFAULT_TOKPS_REGEX,
-    LogFileReader,
-    StartLog,
 )
-
-# this start's log is read from its marker on (the launcher's sidecar), never from byte 0
-LogReader = LogFileReader
-# a log that lost this start's marker gets a continuation marker from the launcher within a
-# second; fail with that reason when none came for this long, instead of waiting for timeout_s
-LOG_LOST_GRACE_S = 5.0
-
-
-def failure_msg(reason, tail, tail_lines):
-    if not tail:
-        return reason + "\n(this start's log is empty or has no marker for this invocation)"
-    return "%s\nlast %d lines of this start's log:\n%s" % (
-        reason, min(len(tail), tail_lines), "\n".join("    " + line for line in tail))
-
-
-ERROR_EXIT_GRACE_S = 1.0
-
-
-def settle_error_verdict(run, show, reader, follower, judge, gpus, verdict):
-    """An error line usually comes a few milliseconds before the process exits. Give it up to
-    ERROR_EXIT_GRACE_S so that the verdict carries the exit status ("exited with status 1 after
-    3.2 s: RuntimeError: ...") rather than the line alone; a trainer that keeps running after its
-    error line (an OOM it survives, an NCCL warning) keeps the error-line verdict."""
-    deadline = time.monotonic() + ERROR_EXIT_GRACE_S
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        rc, out, _err = run.or_fail(show)
-        props = parse_show(out) if rc == 0 else {}
-        if props and not is_running(props):
-            reader.poll()
-            follower.finish()
-            return judge.observe(Snapshot(now=time.monotonic(), unit=props,
-                                          gpus_mib=memory_by_index(gpus), log=follower.analysis))
-    return verdict
 
 
 def main():
@@ -336,69 +289,23 @@ def main():
     if not p["invocation_id"].strip():
         module.fail_json(msg="invocation_id is empty; pass trainer_start's invocation_id")
 
-    regexes = {}
-    for name in ("ready_regex", "step_regex", "tokps_regex"):
-        try:
-            regexes[name] = re.compile(p[name])
-        except re.error as e:
-            module.fail_json(msg="invalid %s %r: %s" % (name, p[name], e))
-    errors = []
-    for rx in p["error_regexes"]:
-        try:
-            errors.append(re.compile(rx))
-        except re.error as e:
-            module.fail_json(msg="invalid error_regexes entry %r: %s" % (rx, e))
-
+    try:
+        regexes = compile_regexes(p["ready_regex"], p["step_regex"], p["tokps_regex"], p["error_regexes"])
+    except StepFailed as exc:
+        module.fail_json(msg=exc.msg)
     systemctl = module.get_bin_path("systemctl", required=True)
     nvidia_smi = require(module, p["nvidia_smi"])
-
-    follower = StartLog(p["invocation_id"], ready_regex=regexes["ready_regex"],
-                        step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
-                        error_regexes=errors)
-    reader = LogReader(p["log_path"], follower)
-    expect = Expectations(
-        invocation_id=p["invocation_id"], n_restarts=p["n_restarts"], gpus=p["gpus"],
-        min_mib=p["min_mib"], min_steps=p["min_steps"], hold_s=p["hold_s"], stall_s=p["stall_s"],
-        timeout_s=p["timeout_s"], tail_lines=p["tail_lines"], ready_regex=p["ready_regex"])
-    start = time.monotonic()
-    judge = Judge(expect, start=start)
-    show = show_argv(p["unit"], systemctl=systemctl)
-    # every command is bounded (30 s, and the time left until timeout_s): a hung nvidia-smi or
-    # systemctl fails the proof saying so instead of blocking the task
-    run = ModuleRunner(module, deadline=start + p["timeout_s"])
-
-    while True:
-        # unit first, log last: the log is then at least as fresh as the unit state
-        rc, out, err = run.or_fail(show)
-        if rc != 0:
-            module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
-        props = parse_show(out)
-        try:
-            gpus, _warnings = read_gpus(run, nvidia_smi, processes=False)
-        except NvidiaSmiError as e:
-            module.fail_json(msg=str(e), reason=str(e), log_tail=follower.analysis.tail(p["tail_lines"]))
-        try:
-            reader.poll()
-        except (IOError, OSError) as e:
-            module.fail_json(msg="Unable to read log %s: %s" % (p["log_path"], to_native(e)))
-        if not is_running(props):
-            follower.finish()  # the process is gone: a last line without newline is final
-        verdict = judge.observe(Snapshot(now=time.monotonic(), unit=props,
-                                         gpus_mib=memory_by_index(gpus), log=follower.analysis))
-        if verdict.state == READY:
-            module.exit_json(changed=False, ready=True, proof=verdict.details, msg=verdict.reason)
-        if verdict.state == FAILED and is_running(props) and follower.analysis.errors:
-            verdict = settle_error_verdict(run, show, reader, follower, judge, gpus, verdict)
-        if verdict.state == FAILED:
-            details = dict(verdict.details)
-            tail = details.get("log_tail") or []
-            module.fail_json(msg=failure_msg(verdict.reason, tail, p["tail_lines"]), ready=False, **details)
-        # still pending: a log that lost this start's marker (truncated or replaced by something
-        # else, and no continuation marker from the launcher) cannot prove it; say so now
-        lost = reader.problem(time.monotonic(), LOG_LOST_GRACE_S)
-        if lost:
-            module.fail_json(msg=failure_msg(lost, [], p["tail_lines"]), ready=False, reason=lost, log_tail=[])
-        time.sleep(judge.next_wait(time.monotonic(), p["interval_s"]))
+    # the poll loop lives in module_utils/_cycle.py (shared with the restart job); every command
+    # is bounded (30 s, and the time left until timeout_s): a hung nvidia-smi or systemctl fails
+    # the proof saying so instead of blocking the task
+    try:
+        run = ModuleRunner(module, deadline=time.monotonic() + p["timeout_s"])
+        proof = prove(run, systemctl, nvidia_smi, p["unit"], p["log_path"],
+                      expectations(p["invocation_id"], p["n_restarts"], p), regexes, interval_s=p["interval_s"])
+    except StepFailed as exc:
+        module.fail_json(msg=exc.msg, **exc.details)
+    msg = proof.pop("msg", "ready")
+    module.exit_json(changed=False, ready=True, proof=proof, msg=msg)
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ class Steps(object):
         return purge(self.p["purge_dir"])
 
     def start(self):
-        return start(Runner(START_TIMEOUT_S), self.systemctl, self.p["unit"])
+        return start(Runner(), self.systemctl, self.p["unit"], start_run=Runner(START_TIMEOUT_S))
 
     def prove(self, invocation_id, n_restarts):
         p = self.p

@@ -98,39 +98,15 @@ started:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
-    int_prop,
-    parse_show,
-    restart_baseline,
-    show_argv,
-    start_argv,
-    start_decision,
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
+    START_TIMEOUT_S,
+    StepFailed,
+    activation,
+    show,
+    start,
 )
-
-
-# systemctl start waits for the start job: beyond the unit's TimeoutStartSec (90 s by default)
-# something else is stuck (systemd itself, a job queue)
-START_TIMEOUT_S = 120.0
-
-
-def show(module, systemctl, unit):
-    rc, out, err = ModuleRunner(module).or_fail(show_argv(unit, systemctl=systemctl))
-    if rc != 0:
-        module.fail_json(msg="Unable to read unit %s: %s" % (unit, (err or out).strip()))
-    return parse_show(out)
-
-
-def result(props, baseline, started):
-    return dict(
-        invocation_id=props.get("InvocationID", ""),
-        main_pid=int_prop(props, "MainPID", 0),
-        n_restarts=baseline,
-        active_state=props.get("ActiveState", ""),
-        sub_state=props.get("SubState", ""),
-        started_at=props.get("ExecMainStartTimestamp", ""),
-        started=started,
-    )
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, start_decision
 
 
 def main():
@@ -143,28 +119,25 @@ def main():
     )
     unit = module.params["unit"]
     systemctl = module.get_bin_path("systemctl", required=True)
-
-    before = show(module, systemctl, unit)
-    action, message = start_decision(unit, before, module.params["allow_running"])
-    if action == "fail":
-        module.fail_json(msg=message, active_state=before.get("ActiveState"),
-                         invocation_id=before.get("InvocationID", ""))
-    if action == "keep":
-        module.exit_json(changed=False, msg=message, **result(before, int_prop(before, "NRestarts", 0), False))
-    if module.check_mode:
-        module.exit_json(changed=True, msg="unit %s would be started" % unit,
-                         **result(before, int_prop(before, "NRestarts", 0), False))
-
-    # A deliberate start by the deployer must not be refused by the start limit that exists to
-    # stop crash loops (a failed proof + rollback already costs two starts): reset it first.
-    ModuleRunner(module).or_fail([systemctl, "reset-failed", unit])
-    rc, out, err = ModuleRunner(module, START_TIMEOUT_S).or_fail(
-        start_argv(unit, systemctl=systemctl),
-        hint="the start job may still be queued (systemctl list-jobs)")
-    if rc != 0:
-        module.fail_json(msg="Unable to start unit %s: %s" % (unit, (err or out).strip()), rc=rc)
-    after = show(module, systemctl, unit)
-    module.exit_json(changed=True, **result(after, restart_baseline(before, after), True))
+    # the steps live in module_utils/_cycle.py (shared with the restart job); every command bounded
+    try:
+        if module.check_mode:
+            before = show(ModuleRunner(module), systemctl, unit)
+            action, message = start_decision(unit, before, module.params["allow_running"])
+            if action == "fail":
+                raise StepFailed(message, active_state=before.get("ActiveState"),
+                                 invocation_id=before.get("InvocationID", ""))
+            kept = action == "keep"
+            result = activation(before, int_prop(before, "NRestarts", 0), False,
+                                message if kept else "unit %s would be started" % unit)
+            module.exit_json(changed=not kept, **result)
+        result = start(ModuleRunner(module), systemctl, unit, module.params["allow_running"],
+                       start_run=ModuleRunner(module, START_TIMEOUT_S))
+    except StepFailed as exc:
+        module.fail_json(msg=exc.msg, **exc.details)
+    if not result["msg"]:
+        result.pop("msg")
+    module.exit_json(changed=result["started"], **result)
 
 
 if __name__ == "__main__":

@@ -668,7 +668,8 @@ def test_trainer_ready_bad_args(capsys, args, msg):
 
 
 def test_trainer_ready_failure_message_has_reason_and_tail():
-    msg = trainer_ready.failure_msg("trainer exited with status 1 after 0.6 s: E: x", ["a", "E: x"], 20)
+    from ansible_collections.dflash.trainer.plugins.module_utils._cycle import failure_msg
+    msg = failure_msg("trainer exited with status 1 after 0.6 s: E: x", ["a", "E: x"], 20)
     assert msg == ("trainer exited with status 1 after 0.6 s: E: x\n"
                    "last 2 lines of this start's log:\n    a\n    E: x")
 
@@ -681,7 +682,7 @@ def test_gpu_drain_bad_args(capsys):
 def test_trainer_ready_log_reader_follows_appends_and_truncation(tmp_path):
     path = tmp_path / "trainer.log"
     follower = tl.StartLog(INV)
-    reader = trainer_ready.LogReader(str(path), follower)
+    reader = tl.LogFileReader(str(path), follower)
     reader.poll()                                    # no file yet: nothing, no error
     path.write_text(tl.marker_line(INV, REL, 1, "t") + "\nstep=1 tok/s=1\n")
     reader.poll()
