@@ -19,7 +19,6 @@ DrainJudge READY exactly when, on each of the last ``consecutive`` polls, every 
 import os
 import re
 
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -196,12 +195,6 @@ def world_with_preamble(expect, world, preamble):
 
 # ---------------------------------------------------------------------------------------------
 # Judge
-
-def blind_identity(world):
-    """Unit props with InvocationID absent/empty and NRestarts unreadable (never ready)."""
-    return any(p.get("InvocationID", "") == "" and "NRestarts" in p and plain_int(p["NRestarts"]) is None
-               for _dt, p, _g, _l in world)
-
 
 @FUZZ
 @given(st.data())
