@@ -176,6 +176,10 @@ class HostResult:
     rolled_back: bool = False
     status: Optional[TrainerStatus] = None
     log_tail: list[str] = field(default_factory=list)
+    # measured throughput of the restarted release and its comparison with the previous good one
+    # (words, median, previous_release, previous_median, change_pct, best_median)
+    figures: Optional[dict] = None
+    comparison: Optional[dict] = None
 
 
 @dataclass
@@ -270,6 +274,10 @@ class _HostState:
             job = _mapping(res.get("result"))
             if _bool(job.get("restarted")):
                 r.restarted = True
+            if isinstance(job.get("comparison"), Mapping):
+                r.comparison = dict(job["comparison"])
+            if isinstance(job.get("figures"), Mapping):
+                r.figures = dict(job["figures"])
             if isinstance(job.get("proof"), Mapping):
                 r.proof = Proof.from_result(job.get("proof"))
             if job.get("log_tail"):

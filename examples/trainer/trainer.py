@@ -39,6 +39,7 @@ KNOBS = {
     "SLOW_START_S": (600.0, float),
     "ERROR_AFTER_STEPS": (3, int),
     "LEAK_METHOD": ("auto", str),
+    "TOKPS": (41250.0, float),
 }
 
 
@@ -284,9 +285,9 @@ def leak_child(fakegpu, cfg):
 # ---------------------------------------------------------------------------------------------
 # main
 
-def progress(step, rng):
+def progress(step, rng, tokps=41250.0):
     loss = 2.1 + 7.9 * math.exp(-step / 40.0) + rng.uniform(-0.05, 0.05)
-    toks = 41250.0 * rng.uniform(0.97, 1.03)
+    toks = tokps * rng.uniform(0.97, 1.03)
     return "step=%d loss=%.4f tok/s=%.1f queue_target=%d queue_drafter=%d" % (
         step, loss, toks, rng.randint(6, 10), rng.randint(1, 4))
 
@@ -378,7 +379,7 @@ def run(cfg):
         next_at += interval
         pause(next_at - time.monotonic())
         step += 1
-        say(progress(step, rng))
+        say(progress(step, rng, cfg["TOKPS"]))
 
 
 def main():

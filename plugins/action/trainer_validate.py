@@ -8,6 +8,8 @@ variables: no remote call, so a refused input costs nothing on the target and ch
 """
 from __future__ import annotations
 
+import subprocess
+
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.action import ActionBase
@@ -18,6 +20,22 @@ from ansible_collections.dflash.trainer.plugins.module_utils._validate import (
     src_problems,
     target_problems,
 )
+
+def describe_source(src):
+    """"git 4f1c2d9" (+ " dirty") when trainer_src is a git checkout, else "" (the job then records
+    the release id, which is the tree's content hash). Read here, on the controller, where the
+    checkout is; git's absence or any git error just gives ""."""
+    try:
+        top = subprocess.run(["git", "-C", src, "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=False)
+        if top.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, timeout=30, check=False)
+        return "git %s%s" % (top.stdout.strip(), " dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
 
 # inventory variables the checks read besides trainer_*
 _HOST_VARS = ("proxmox_vmid", "ansible_connection")
@@ -58,6 +76,8 @@ class ActionModule(ActionBase):
         except (AnsibleError, ValueError) as exc:
             result.update(failed=True, msg="input check failed: %s" % to_native(exc))
             return result
+        if entry == "main" and not problems:
+            result["source"] = describe_source(variables.get("trainer_src"))
         result["problems"] = [str(p) for p in problems]
         result["changed"] = False
         if problems:

@@ -41,6 +41,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     start_argv,
     start_decision,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import summarize
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LogFileReader, StartLog
 
 # systemctl start waits for the start job: beyond the unit's TimeoutStartSec (90 s by default)
@@ -203,13 +204,35 @@ def failure_msg(reason, tail, tail_lines):
         reason, min(len(tail), tail_lines), "\n".join("    " + line for line in tail))
 
 
+def _counts(analysis):
+    return len(analysis.tokps_values), dict((k, len(v)) for k, v in analysis.extra_values.items())
+
+
+def measured(analysis, marks, now, window_s):
+    """Figures over the last ``window_s`` seconds: the values that arrived after the last poll
+    before the window began (``marks``: (time, counts) per poll)."""
+    tok_from, extra_from = 0, {}
+    for t, (n_tok, n_extra) in marks:
+        if t < now - window_s:
+            tok_from, extra_from = n_tok, n_extra
+    figures = {"tok_s": summarize(analysis.tokps_values[tok_from:], window_s)}
+    for name, values in analysis.extra_values.items():
+        figures[name] = summarize(values[extra_from.get(name, 0):], window_s)
+    return figures
+
+
 def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_s=1.0,
-          clock=time.monotonic, sleep=time.sleep, tick=None):
+          clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None):
     """Poll the unit, the GPUs and this start's log until the Judge says READY (-> the proof's
-    details) or FAILED (StepFailed with the reason and the log tail)."""
+    details, with ``figures``: tok/s median, p10, p90 and n over the last ``measure_s`` seconds
+    (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
+    the log tail). A ``measure_s`` longer than the hold keeps watching after READY; the trainer
+    failing then fails the proof."""
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
-                        error_regexes=regexes["error_regexes"])
+                        error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes)
+    marks = []
+    measuring_until = [None]
     reader = LogFileReader(log_path, follower)
     judge = Judge(expect, start=clock())
     show_cmd = show_argv(unit, systemctl=systemctl)
@@ -235,8 +258,15 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         if not is_running(props):
             follower.finish()  # the process is gone: a last line without newline is final
         verdict = observe(props, gpus)
+        marks.append((clock(), _counts(follower.analysis)))
         if verdict.state == READY:
-            return dict(verdict.details, msg=verdict.reason)
+            if measuring_until[0] is None:
+                proof = dict(verdict.details, msg=verdict.reason)
+                measuring_until[0] = clock() + max(0.0, (measure_s or 0) - expect.hold_s)
+            if clock() >= measuring_until[0]:
+                window = float(measure_s or expect.hold_s)
+                proof["figures"] = measured(follower.analysis, marks, clock(), window)
+                return proof
         if verdict.state == FAILED and is_running(props) and follower.analysis.errors:
             # give the process a moment to exit so the verdict carries its exit status
             deadline = clock() + ERROR_EXIT_GRACE_S
@@ -253,8 +283,11 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
             details = dict(verdict.details)
             tail = details.get("log_tail") or []
             details.pop("reason", None)
-            raise StepFailed(failure_msg(verdict.reason, tail, expect.tail_lines), ready=False,
-                             reason=verdict.reason, **details)
+            reason = verdict.reason
+            if measuring_until[0] is not None:
+                reason = "after it was proved ready, during the throughput measurement: " + reason
+            raise StepFailed(failure_msg(reason, tail, expect.tail_lines), ready=False,
+                             reason=reason, **details)
         # still pending: a log that lost this start's marker (truncated or replaced by something
         # else, and no continuation marker from the launcher) cannot prove it; say so now
         lost = reader.problem(clock(), LOG_LOST_GRACE_S)
@@ -262,7 +295,10 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
             raise StepFailed(failure_msg(lost, [], expect.tail_lines), ready=False, reason=lost, log_tail=[])
         if tick:
             tick()
-        sleep(judge.next_wait(clock(), interval_s))
+        if measuring_until[0] is not None:  # measuring after READY: the proof's deadline no longer applies
+            sleep(max(0.0, min(interval_s, measuring_until[0] - clock())))
+        else:
+            sleep(judge.next_wait(clock(), interval_s))
 
 
 def expectations(invocation_id, n_restarts, p):

@@ -26,6 +26,7 @@ import os
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, compare, entry, gate
 
 STATE_VERSION = 1
 
@@ -96,7 +97,9 @@ class RestartJob(object):
     phase); ``clock`` gives wall time."""
 
     def __init__(self, steps, layout, rollback=True, purge=True, on_phase=None, clock=time.time,
-                 releases_dir="the releases directory", log_path=None):
+                 releases_dir="the releases directory", log_path=None, source=None, min_tokps_ratio=None):
+        self.source = source
+        self.min_tokps_ratio = min_tokps_ratio
         self.releases_dir = releases_dir
         self.log_path = log_path
         self.steps = steps
@@ -126,13 +129,31 @@ class RestartJob(object):
         proof = self.steps.prove(started["invocation_id"], started["n_restarts"])
         return started, proof
 
+    def _source_of(self, release, ledger):
+        for e in reversed(ledger):
+            if e.get("release") == release and e.get("source"):
+                return e["source"]
+        return None
+
     def run(self):
         release = self.layout.current()
         result = dict(release=release, restarted=False, rolled_back=False, proof=None)
+        ledger = self.layout.ledger()
+        # what the release was built from: the controller's git description, else what an earlier
+        # job recorded for it, else its id (a content hash)
+        self.source = self.source or self._source_of(release, ledger) or "content %s" % release
         try:
             started, proof = self.cycle(release)
             result.update(restarted=True, started=started)
+            figures = proof.get("figures") or {}
+            comparison = compare(figures, ledger, release, self.source)
+            result.update(figures=figures, comparison=comparison)
+            refusal = gate(comparison, self.min_tokps_ratio)
+            if refusal:
+                self.phase("gated")
+                raise StepFailed(refusal)
             self.layout.mark_good(release)
+            self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock())])
             result.update(ok=True, proof=proof, outcome="ready: release %s proved (pid %s, step %s, %s tok/s)" % (
                 release, proof.get("main_pid"), proof.get("step"), proof.get("tok_s")))
             self.phase("done")
@@ -141,6 +162,7 @@ class RestartJob(object):
             result.update(ok=False, msg=exc.msg, failure=exc.msg, failed_phase=self.phases[-1] if self.phases else None,
                           log_tail=exc.details.get("log_tail") or [], failure_details=exc.details)
             result["restarted"] = any(p == "proving" for p in self.phases)
+        records = []
         last_good = self.layout.last_good()
         if not self.rollback:
             result["outcome"] = "no rollback (trainer_rollback is off): %s" % self.steps.unit_state()
@@ -160,6 +182,10 @@ class RestartJob(object):
             result.update(rolled_back=True, rollback_release=last_good)
             try:
                 _started, proof = self.cycle(last_good, prefix="rollback ")
+                records.append(entry(release, "rolled back", result.get("figures"), self.source, result["failure"],
+                                     now=self.clock()))
+                records.append(entry(last_good, PROVED, proof.get("figures"), self._source_of(last_good, ledger),
+                                     "re-proved by a rollback", now=self.clock()))
                 result.update(rollback_proof=proof, outcome=(
                     "Rolled back: the last good release %s runs again and is proved ready (pid %s, step %s, "
                     "%s tok/s). The failed release %s stays under %s; the failed start's log is kept%s."
@@ -168,5 +194,16 @@ class RestartJob(object):
             except StepFailed as exc:
                 result.update(rollback_failure=exc.msg, outcome="Rollback to release %s FAILED as well: %s. %s" % (
                     last_good, exc.msg.splitlines()[0], self.steps.unit_state()))
+        if not records:
+            records.append(entry(release, "failed", result.get("figures"), self.source, result["failure"],
+                                 now=self.clock()))
+        self._record(result, records)
         self.phase("done")
         return result
+
+    def _record(self, result, records):
+        """The ledger is bookkeeping: failing to write it never changes the verdict (it is said)."""
+        try:
+            self.layout.record(records)
+        except (IOError, OSError) as exc:
+            result["ledger_error"] = "Unable to write the release ledger: %s" % exc

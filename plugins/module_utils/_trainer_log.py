@@ -91,6 +91,15 @@ def _first_group(match):
     return match.group(1) if match.re.groups else match.group(0)
 
 
+MAX_VALUES = 100000
+
+
+def _bounded_append(values, value):
+    values.append(value)
+    if len(values) > MAX_VALUES:
+        del values[:len(values) - MAX_VALUES]
+
+
 class LogAnalysis(object):
     """What one start's lines show, built line by line.
 
@@ -101,8 +110,13 @@ class LogAnalysis(object):
 
     def __init__(self, ready_regex=DEFAULT_READY_REGEX, step_regex=DEFAULT_STEP_REGEX,
                  tokps_regex=DEFAULT_TOKPS_REGEX, error_regexes=DEFAULT_ERROR_REGEXES,
-                 keep_lines=DEFAULT_KEEP_LINES, marker=None):
+                 keep_lines=DEFAULT_KEEP_LINES, marker=None, extra_regexes=None):
         self.ready_re = _compile(ready_regex)
+        # every tok/s value and every value of the user's named figures, in order (bounded):
+        # the measurement of a release reads them
+        self.tokps_values = []
+        self.extra_res = dict((name, _compile(rx)) for name, rx in (extra_regexes or {}).items())
+        self.extra_values = dict((name, []) for name in self.extra_res)
         self.step_re = _compile(step_regex)
         self.tokps_re = _compile(tokps_regex)
         self.error_res = [_compile(r) for r in error_regexes]
@@ -145,9 +159,17 @@ class LogAnalysis(object):
         if m:
             try:
                 self.tok_s = float(_first_group(m))
+                _bounded_append(self.tokps_values, self.tok_s)
             except ValueError:
                 pass
             self.progress_line = line
+        for name, rx in self.extra_res.items():
+            m = rx.search(line)
+            if m:
+                try:
+                    _bounded_append(self.extra_values[name], float(_first_group(m)))
+                except (ValueError, TypeError):
+                    pass
         for rx in self.error_res:
             if rx.search(line):
                 self.errors.append((rx.pattern, line))

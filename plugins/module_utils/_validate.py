@@ -72,6 +72,7 @@ _NUMBERS = (
     ("trainer_log_keep", 0, 1000, "files"),
     ("trainer_preflight_timeout_s", 1, 3600, "s"),
     ("trainer_lock_lease_s", 10, 3600, "s"),
+    ("trainer_min_tokps_ratio", 0, 10, ""),
     ("trainer_lock_wait_s", 0, SECONDS_MAX, "s"),
 )
 
@@ -385,6 +386,36 @@ def _gpus_problems(v):
     return []
 
 
+def _measure_problems(v):
+    problems = []
+    m = v.get("trainer_measure_s")
+    if m not in (None, "", 0):
+        n = _number(m)
+        if n is None or n != n or n < 0.1 or n > SECONDS_MAX:
+            problems.append(Problem("trainer_measure_s", "is not a number of seconds in range",
+                                    "null (the hold) or 0.1 to %d s" % SECONDS_MAX, m))
+    rxs = v.get("trainer_measure_regexes")
+    if rxs in (None, ""):
+        return problems
+    if not isinstance(rxs, dict):
+        return problems + [Problem("trainer_measure_regexes", "is not a mapping",
+                                   "a mapping of figure name to a regex with a capture group", rxs)]
+    for name, rx in rxs.items():
+        label = "trainer_measure_regexes[%r]" % (name,)
+        accepted = "a regex whose first group captures the number, e.g. 'q_hs=(\\d+)'"
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$", name) or name == "tok_s":
+            problems.append(Problem(label, "is not a figure name (letters, digits, _; not tok_s)", accepted, name))
+            continue
+        try:
+            compiled = re.compile(rx) if isinstance(rx, str) and rx else None
+        except (re.error, RecursionError, OverflowError) as exc:
+            problems.append(Problem(label, "does not compile: %s" % exc, accepted, rx))
+            continue
+        if compiled is None or compiled.groups < 1 or compiled.search(""):
+            problems.append(Problem(label, "is empty, matches every line or has no capture group", accepted, rx))
+    return problems
+
+
 def gpu_indexes(gpus):
     """trainer_gpus as ints (after ``check`` accepted it)."""
     return [int(g) for g in gpus]
@@ -485,6 +516,7 @@ def check(v, entry="main"):
     problems.extend(_env_problems(v))
     if "trainer_gpus" in v:
         problems.extend(_gpus_problems(v))
+    problems.extend(_measure_problems(v))
     if entry == "rollback" and v.get("trainer_rollback_release"):
         rid = v["trainer_rollback_release"]
         if not isinstance(rid, str) or not _RELEASE_ID_RE.match(rid):

@@ -12,7 +12,7 @@ description:
   - O(state=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
     readiness proof, mark the release good - and on failure the rollback (C(current) back to the
     last good release, the same cycle again) or, with no good release to go back to, stops the
-    failed trainer. Run it with C(async) and C(poll: 0): Ansible's async wrapper daemonises it in
+    failed trainer. Run it with C(async) and C(poll=0); Ansible's async wrapper daemonises it in
     the container, so a lost connection or a killed C(ansible-playbook) never strands a stopped
     trainer.
   - While it runs it renews the deploy lock (O(lock_path), O(lock_token), a lease of
@@ -145,7 +145,28 @@ options:
     description: The lease the job renews (a job that dies leaves the lock to expire after this).
     type: int
     default: 30
+  measure_s:
+    description: The throughput window (s) ending after the proof; longer than O(hold_s) keeps watching
+      after ready. Unset - the hold.
+    type: float
+  measure_regexes:
+    description: Figures to measure besides tok/s, by name - a regex whose first group is the number
+      (e.g. name C(q_hs), regex C(q_hs=(\d+))).
+    type: dict
+    default: {}
+  min_tokps_ratio:
+    description: Refuse (and roll back) a release whose median tok/s is below this ratio of the previous
+      good release's; 0 - no gate.
+    type: float
+    default: 0
+  source:
+    description: What the release was built from (git commit and dirty flag, or a content hash), for the ledger.
+    type: str
+    default: ""
 notes:
+  - Each job appends to the release ledger C(<root>/ledger.json) (the last 50 entries) - release, time,
+    source, verdict, figures - and its result carries C(figures) and C(comparison) with the previous
+    good release and the best.
   - Check mode is not supported by O(state=run) (the role does not call it in check mode).
 """
 
@@ -221,6 +242,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
     write_state,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import append_ledger, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
 
 RENEW_EVERY_S = 5.0
@@ -252,7 +274,7 @@ class Steps(object):
         deadline = time.monotonic() + p["timeout_s"]
         return prove(Runner(deadline=deadline), self.systemctl, self.nvidia_smi, p["unit"], p["log_path"],
                      expectations(invocation_id, n_restarts, p), self.regexes, interval_s=p["interval_s"],
-                     tick=self.tick)
+                     tick=self.tick, measure_s=p["measure_s"], extra_regexes=p["measure_regexes"])
 
     def unit_state(self):
         try:
@@ -267,6 +289,14 @@ class Steps(object):
 class Layout(object):
     def __init__(self, root):
         self.root = root
+        self.ledger_path = os.path.join(root, "ledger.json")
+
+    def ledger(self):
+        return read_ledger(self.ledger_path)
+
+    def record(self, entries):
+        with _Lock(self.root):
+            append_ledger(self.ledger_path, entries)
 
     def current(self):
         return read_current(self.root)
@@ -315,7 +345,8 @@ def run_job(module):
         steps = Steps(p, systemctl, nvidia_smi, renew)
         job = RestartJob(steps, Layout(p["root"]), rollback=p["rollback"], purge=bool(p["purge_dir"]),
                          on_phase=on_phase, releases_dir=os.path.join(p["root"], "releases"),
-                         log_path=p["log_path"])
+                         log_path=p["log_path"], source=p["source"] or None,
+                         min_tokps_ratio=p["min_tokps_ratio"] or None)
         result = job.run()
     except StepFailed as exc:  # before the cycle (a bad regex): nothing was stopped
         result = dict(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg)
@@ -394,6 +425,10 @@ def main():
             lock_path=dict(type="str", default=""),
             lock_token=dict(type="str", default="", no_log=False),
             lock_lease_s=dict(type="int", default=30),
+            measure_s=dict(type="float"),
+            measure_regexes=dict(type="dict", default={}),
+            min_tokps_ratio=dict(type="float", default=0),
+            source=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )

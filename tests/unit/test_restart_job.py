@@ -49,7 +49,7 @@ class FakeSteps(object):
 
 class FakeLayout(object):
     def __init__(self, current="new", last_good="old"):
-        self.cur, self.good, self.events = current, last_good, []
+        self.cur, self.good, self.events, self.entries = current, last_good, [], []
 
     def current(self):
         return self.cur
@@ -64,6 +64,12 @@ class FakeLayout(object):
     def mark_good(self, rid):
         self.events.append(("good", rid))
         self.good = rid
+
+    def ledger(self):
+        return list(self.entries)
+
+    def record(self, entries):
+        self.entries.extend(entries)
 
 
 def test_success_marks_good_and_says_ready():
@@ -151,3 +157,40 @@ def test_purge_never_follows_a_symlink(tmp_path):
     (cache / "sub").mkdir(parents=True)
     assert purge(str(cache)) and not cache.exists()
     assert purge(str(cache)) is False and purge("") is False
+
+
+def test_ledger_records_each_outcome_and_the_gate_rolls_back():
+    from ansible_collections.dflash.trainer.plugins.module_utils._throughput import entry
+
+    class MeasuredSteps(FakeSteps):
+        def __init__(self, medians, **kw):
+            super(MeasuredSteps, self).__init__(**kw)
+            self.medians = list(medians)
+
+        def prove(self, invocation_id, n_restarts):
+            proof = super(MeasuredSteps, self).prove(invocation_id, n_restarts)
+            proof["figures"] = {"tok_s": {"median": self.medians.pop(0), "p10": 1.0, "p90": 2.0, "n": 9,
+                                          "window_s": 10.0}}
+            return proof
+
+    layout = FakeLayout(current="new", last_good="old")
+    layout.entries.append(entry("old", "proved", {"tok_s": {"median": 21500.0, "n": 50}}, "git 1111111", now=1.0))
+    res = RestartJob(MeasuredSteps([12400.0, 21400.0]), layout, source="git 2222222", min_tokps_ratio=0.9).run()
+    assert not res["ok"] and res["rolled_back"] and res["failure"].startswith("throughput gate: 12.4K tok/s is 58%")
+    assert res["comparison"]["previous_release"] == "old" and res["comparison"]["change_pct"] == -42.3
+    assert [(e["release"], e["verdict"]) for e in layout.entries[1:]] == [("new", "rolled back"), ("old", "proved")]
+    assert layout.entries[1]["figures"]["tok_s"]["median"] == 12400.0 and layout.entries[2]["source"] == "git 1111111"
+    assert ("good", "new") not in layout.events
+
+    layout = FakeLayout(current="new", last_good="old")
+    layout.entries.append(entry("old", "proved", {"tok_s": {"median": 21500.0, "n": 50}}, "git 1111111", now=1.0))
+    res = RestartJob(MeasuredSteps([21900.0]), layout, source="git 3333333", min_tokps_ratio=0.9).run()
+    assert res["ok"] and layout.entries[-1]["verdict"] == "proved" and layout.entries[-1]["source"] == "git 3333333"
+    assert res["comparison"]["words"].startswith("release new (git 3333333): 21.9K tok/s (median of 9 samples over 10 s)")
+    assert "previous old: 21.5K (+2%)" in res["comparison"]["words"]
+
+
+def test_failed_start_is_recorded_too():
+    layout = FakeLayout(last_good=None)
+    RestartJob(FakeSteps(fail=[("prove", 1, "no progress for 6 s")]), layout).run()
+    assert [(e["release"], e["verdict"], e["reason"]) for e in layout.entries] == [("new", "failed", "no progress for 6 s")]

@@ -207,3 +207,13 @@ def test_preflight_variables():
     assert got[0].startswith("trainer_preflight_command:") and "not a list" in got[0]
     got = problems(trainer_preflight_timeout_s=0)
     assert got[0].startswith("trainer_preflight_timeout_s:") and "out of range" in got[0]
+
+
+def test_measurement_variables():
+    assert problems(trainer_measure_s=60, trainer_measure_regexes={"q_hs": r"q_hs=(\d+)"},
+                    trainer_min_tokps_ratio=0.9) == []
+    assert problems(trainer_measure_s=None) == []
+    got = problems(trainer_measure_regexes={"q_hs": "q_hs"})
+    assert got[0].startswith("trainer_measure_regexes['q_hs']:") and "capture group" in got[0]
+    assert problems(trainer_min_tokps_ratio=-1)[0].startswith("trainer_min_tokps_ratio:")
+    assert problems(trainer_measure_s=-3)[0].startswith("trainer_measure_s:")

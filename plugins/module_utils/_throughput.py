@@ -1,0 +1,163 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Each release's measured throughput, the release ledger, the comparison and the gate (pure,
+unit-tested; the ledger's file I/O is two small functions).
+
+The proof's window (and, when ``trainer_measure_s`` is longer, the seconds after it) gives the
+tok/s samples of this start: median, p10, p90, their number, plus any figure the user names by
+regex. The ledger (``<trainer_root>/ledger.json``, written atomically, the last ``LEDGER_KEEP``
+entries) keeps per release: id, time, source (git commit + dirty, or content hash), verdict
+(proved / failed: reason / rolled back) and figures. ``compare`` puts a new measurement beside the
+previous good release's and the best one; ``gate`` refuses one below ``min_ratio`` of the
+previous good release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+LEDGER_KEEP = 50
+PROVED = "proved"
+
+
+def percentile(values, q):
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(values, window_s=None):
+    """{median, p10, p90, n, window_s} of the finite numbers in values (n 0: no figures)."""
+    xs = [float(v) for v in values if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")]
+    out = {"n": len(xs), "window_s": window_s}
+    for name, q in (("median", 0.5), ("p10", 0.1), ("p90", 0.9)):
+        value = percentile(xs, q)
+        out[name] = None if value is None else round(value, 1)
+    return out
+
+
+def short_k(value):
+    """41250.3 -> "41.3K", 950 -> "950"."""
+    if value is None:
+        return "?"
+    return "%.1fK" % (value / 1000.0) if abs(value) >= 1000 else "%.0f" % value
+
+
+def pct_change(new, old):
+    if new is None or not old:
+        return None
+    return (new - old) / old * 100.0
+
+
+def previous_good(ledger, release):
+    """The latest proved entry of another release (the one this release is compared with)."""
+    for entry in reversed(ledger or []):
+        if entry.get("verdict") == PROVED and entry.get("release") != release and _median(entry) is not None:
+            return entry
+    return None
+
+
+def best(ledger):
+    proved = [e for e in ledger or [] if e.get("verdict") == PROVED and _median(e) is not None]
+    return max(proved, key=_median) if proved else None
+
+
+def _median(entry):
+    return ((entry or {}).get("figures") or {}).get("tok_s", {}).get("median")
+
+
+def compare(figures, ledger, release, source=None):
+    """The comparison of this release's figures with the previous good release and the best:
+    a dict with the words of the deploy's last line."""
+    tok = (figures or {}).get("tok_s") or {}
+    prev = previous_good(ledger, release)
+    top = best(ledger)
+    median = tok.get("median")
+    words = "release %s%s: %s tok/s (median of %d samples over %s s)" % (
+        release, " (%s)" % source if source else "", short_k(median), tok.get("n") or 0,
+        "%.0f" % tok["window_s"] if tok.get("window_s") is not None else "?")
+    change = None
+    if prev is not None:
+        change = pct_change(median, _median(prev))
+        words += " — previous %s: %s (%s)" % (
+            prev.get("release"), short_k(_median(prev)),
+            "%+.0f%%" % change if change is not None else "n/a")
+    else:
+        words += " — no previous good release measured"
+    best_median = max(_median(top), median or 0) if top is not None else median
+    if best_median is not None:
+        words += ", best %s" % short_k(best_median)
+    return {"words": words, "median": median,
+            "previous_release": prev.get("release") if prev else None,
+            "previous_median": _median(prev), "change_pct": None if change is None else round(change, 1),
+            "best_median": best_median}
+
+
+def gate(comparison, min_ratio):
+    """Words of a refusal when the median is below min_ratio of the previous good release's, else None."""
+    if not min_ratio or comparison.get("previous_median") in (None, 0) or comparison.get("median") is None:
+        return None
+    ratio = comparison["median"] / comparison["previous_median"]
+    if ratio >= min_ratio:
+        return None
+    return ("throughput gate: %s tok/s is %.0f%% of the previous good release %s (%s tok/s); "
+            "trainer_min_tokps_ratio asks for at least %.0f%%" % (
+                short_k(comparison["median"]), ratio * 100, comparison["previous_release"],
+                short_k(comparison["previous_median"]), min_ratio * 100))
+
+
+def entry(release, verdict, figures=None, source=None, reason=None, now=None):
+    now = time.time() if now is None else now
+    out = {"release": release, "time": round(now, 3),
+           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+           "source": source, "verdict": verdict, "figures": figures or {}}
+    if reason:
+        out["reason"] = reason.splitlines()[0][:500]
+    return out
+
+
+def read_ledger(path):
+    """The ledger's entries (oldest first); [] when absent or unreadable."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (IOError, OSError, ValueError):
+        return []
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def append_ledger(path, new_entries, keep=LEDGER_KEEP):
+    """Append and keep the last ``keep`` entries, atomically (tmp + fsync + rename)."""
+    entries = (read_ledger(path) + list(new_entries))[-keep:]
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        json.dump({"version": 1, "entries": entries}, fh, sort_keys=True, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return entries
+
+
+def history_rows(ledger, running=None, current=None, limit=10):
+    """The last ``limit`` entries, newest first, as rows for a table (release, at, verdict, median,
+    p10, p90, n, source, marks: running / current)."""
+    rows = []
+    for e in reversed((ledger or [])[-limit:]):
+        tok = (e.get("figures") or {}).get("tok_s") or {}
+        marks = [m for m, rid in (("running", running), ("current", current)) if rid and rid == e.get("release")]
+        rows.append({"release": e.get("release"), "at": e.get("at"), "verdict": e.get("verdict"),
+                     "reason": e.get("reason"), "median": tok.get("median"), "p10": tok.get("p10"),
+                     "p90": tok.get("p90"), "n": tok.get("n"), "source": e.get("source"),
+                     "marks": marks, "extra": {k: v for k, v in (e.get("figures") or {}).items() if k != "tok_s"}})
+    return rows
