@@ -1,4 +1,5 @@
-"""python -m dflash_trainer deploy|status|restart|rollback [-l HOST] [-i INVENTORY] [-e k=v]... [--json]
+"""dflash-trainer (python -m dflash_trainer) deploy|status|restart|rollback|history [-l HOST] [-i INVENTORY]
+[-e k=v]... [--json]
 
 Exit status: 0 when every host is ok, 1 when the run or a host failed (a run that matches no
 host included), 2 on a usage error.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Optional
 
@@ -28,7 +30,8 @@ def parse_extravar(text: str) -> dict:
         data = json.loads(text)
     else:
         data = {}
-        for part in text.split():
+        # like ansible-playbook -e: shell-style words, so 'msg="two words"' is one value
+        for part in shlex.split(text):
             if "=" not in part:
                 raise ValueError("expected key=value, got %r" % part)
             key, value = part.split("=", 1)
@@ -57,6 +60,13 @@ def describe_host(h: HostResult) -> list[str]:
                      % (s.active_state, s.sub_state, s.main_pid, s.running_release, s.current_release,
                         s.last_good, " DRIFT" if s.drift else ""))
         lines.append("  GPU MiB %s; last progress: %s (%s tok/s)" % (s.gpus_mib, s.last_progress_line, s.tok_s))
+        if s.last_job:
+            lines.append("  last restart: %s" % s.last_job.get("words"))
+        if s.history:
+            lines.append("  RELEASE           WHEN                  VERDICT       TOK/S MEDIAN (P10-P90, N)   SOURCE")
+            lines.extend("  " + str(row.get("line") or row.get("release")) for row in s.history)
+    if h.comparison:
+        lines.append("  " + h.comparison.get("words", ""))
     if not h.ok:
         lines.append("  failed task: %s" % h.failed_task)
         for line in (h.reason or "").splitlines():
@@ -88,6 +98,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
                         help="key=value, a JSON object or @file; repeatable")
     parser.add_argument("--release", help="rollback: the release to switch to (default: the last good one)")
+    parser.add_argument("-n", "--count", type=int, help="history: how many releases (default 10)")
     parser.add_argument("--timeout", type=int, help="seconds for the whole run")
     parser.add_argument("--json", action="store_true", help="print the RunResult as JSON")
     args = parser.parse_args(argv)
@@ -104,6 +115,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     kwargs = dict(limit=args.limit, inventory=args.inventory, extravars=extravars, timeout=args.timeout)
     if args.action == "rollback":
         result = api.rollback(release=args.release, **kwargs)
+    elif args.action == "history":
+        result = api.history(count=args.count, **kwargs)
     else:
         result = getattr(api, args.action)(**kwargs)
 

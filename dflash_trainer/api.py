@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional, Tuple, Union
 
 from .results import RunResult, build_run_result
 
-__all__ = ["REPO_ROOT", "PLAYBOOKS", "run_playbook", "deploy", "status", "restart", "rollback"]
+__all__ = ["REPO_ROOT", "PLAYBOOKS", "run_playbook", "deploy", "status", "restart", "rollback", "history"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYBOOKS = {
@@ -35,6 +35,7 @@ PLAYBOOKS = {
     "status": os.path.join("playbooks", "status.yml"),
     "restart": os.path.join("playbooks", "restart.yml"),
     "rollback": os.path.join("playbooks", "rollback.yml"),
+    "history": os.path.join("playbooks", "history.yml"),
 }
 
 Inventory = Union[str, list, dict, None]
@@ -139,6 +140,18 @@ def status(limit: Optional[str] = None, inventory: Inventory = None, extravars: 
            timeout: Optional[int] = None) -> RunResult:
     """playbooks/status.yml: read-only; each host's `status` is a TrainerStatus."""
     return run_playbook("status", limit=limit, inventory=inventory, extravars=extravars, project_dir=project_dir,
+                        private_data_dir=private_data_dir, timeout=timeout)
+
+
+def history(limit: Optional[str] = None, inventory: Inventory = None, extravars: Optional[Mapping[str, Any]] = None,
+            project_dir: Optional[str] = None, private_data_dir: Optional[str] = None,
+            timeout: Optional[int] = None, count: Optional[int] = None) -> RunResult:
+    """playbooks/history.yml: read-only; each host's `status.history` lists the last releases (newest
+    first) with their measured tok/s and verdicts."""
+    extra = dict(extravars or {})
+    if count:
+        extra["trainer_history_count"] = int(count)
+    return run_playbook("history", limit=limit, inventory=inventory, extravars=extra, project_dir=project_dir,
                         private_data_dir=private_data_dir, timeout=timeout)
 
 

@@ -146,6 +146,9 @@ class TrainerStatus:
     last_progress_line: Optional[str] = None
     tok_s: Optional[float] = None
     seconds_since_start: Optional[float] = None
+    # the release ledger's last entries, newest first (playbooks/history.yml), and the last restart job
+    history: list = field(default_factory=list)
+    last_job: Optional[dict] = None
 
     @classmethod
     def from_result(cls, res: Any) -> Optional["TrainerStatus"]:
@@ -159,7 +162,9 @@ class TrainerStatus:
                    current_release=_str(res.get("current_release")), last_good=_str(res.get("last_good")),
                    drift=_bool(res.get("drift")), gpus_mib=_gpus_mib(res.get("gpus_mib")),
                    last_progress_line=_str(res.get("last_progress_line")), tok_s=_float(res.get("tok_s")),
-                   seconds_since_start=_float(res.get("seconds_since_start")))
+                   seconds_since_start=_float(res.get("seconds_since_start")),
+                   history=[dict(row) for row in res.get("history") or [] if isinstance(row, Mapping)],
+                   last_job=dict(res["last_job"]) if isinstance(res.get("last_job"), Mapping) else None)
 
 
 @dataclass

@@ -160,4 +160,17 @@ def history_rows(ledger, running=None, current=None, limit=10):
                      "reason": e.get("reason"), "median": tok.get("median"), "p10": tok.get("p10"),
                      "p90": tok.get("p90"), "n": tok.get("n"), "source": e.get("source"),
                      "marks": marks, "extra": {k: v for k, v in (e.get("figures") or {}).items() if k != "tok_s"}})
+        rows[-1]["line"] = history_line(rows[-1])
     return rows
+
+
+def history_line(row):
+    """One line of the history table for a row of ``history_rows``."""
+    tok = "%s (%s-%s, %s)" % (short_k(row.get("median")), short_k(row.get("p10")), short_k(row.get("p90")),
+                              row.get("n") if row.get("n") is not None else "?")
+    verdict = row.get("verdict") or "?"
+    marks = " <- %s" % ", ".join(row.get("marks") or []) if row.get("marks") else ""
+    reason = "  [%s]" % row["reason"] if row.get("reason") and verdict != PROVED else ""
+    extra = "".join("  %s=%s" % (k, (v or {}).get("median")) for k, v in sorted((row.get("extra") or {}).items()))
+    return "%-16s  %-20s  %-12s  %-25s  %s%s%s%s" % (
+        row.get("release") or "?", row.get("at") or "?", verdict, tok, row.get("source") or "-", extra, marks, reason)

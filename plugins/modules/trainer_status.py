@@ -32,6 +32,10 @@ options:
   job_state_path:
     description: The restart job's state file; when given, RV(last_job) reports the last restart job.
     type: path
+  history:
+    description: Return the last this-many entries of the release ledger (C(<trainer_root>/ledger.json)) in RV(history).
+    type: int
+    default: 0
   nvidia_smi:
     description:
       - Name (looked up in E(PATH)) or absolute path of nvidia-smi. When it is missing or fails,
@@ -64,6 +68,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+history:
+  description:
+    - The release ledger's last O(history) entries, newest first - release, at, verdict, reason, median, p10,
+      p90, n (tok/s), source, marks (running, current), extra (the named figures).
+  returned: when O(history) > 0 and O(trainer_root) is given
+  type: list
+  elements: dict
 last_job:
   description: The last restart job (job_id, phase, done, alive, ok, words) when O(job_state_path) is given and it exists.
   returned: when O(job_state_path) is given
@@ -210,6 +221,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
@@ -285,6 +297,7 @@ def main():
             log_path=dict(type="path"),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             job_state_path=dict(type="path"),
+            history=dict(type="int", default=0),
         ),
         supports_check_mode=True,
     )
@@ -355,6 +368,11 @@ def main():
                 result["last_good"] = f.read().strip() or None
         result["drift"] = bool(result["running_release"] and result["current_release"]
                                and result["running_release"] != result["current_release"])
+
+    if p["history"] > 0 and p["trainer_root"]:
+        ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
+        result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
+                                         p["history"])
 
     if p["job_state_path"]:
         job = read_state(p["job_state_path"])

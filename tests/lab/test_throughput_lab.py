@@ -43,7 +43,8 @@ def deploy(inv_path, src, **extra):
 
 
 def ledger(lab):
-    return json.loads(lab.ct(CT, "cat", "/opt/dflash-trainer/ledger.json").stdout)["entries"]
+    res = lab.ct(CT, "cat", "/opt/dflash-trainer/ledger.json")
+    return json.loads(res.stdout)["entries"] if res.returncode == 0 else []
 
 
 def test_two_releases_are_measured_compared_and_gated(lab, inv):
@@ -84,3 +85,25 @@ def test_two_releases_are_measured_compared_and_gated(lab, inv):
     res = deploy(inv_path, tree(base, "slow3", 12400), trainer_min_tokps_ratio=0.9, trainer_force_restart=True)
     assert res.returncode == 0, res.stdout[-3000:]
     assert ledger(lab)[-1]["verdict"] == "proved"
+
+
+def test_cli_history_shows_the_ledger(lab, inv):
+    inv_path, base = inv
+    while len(ledger(lab)) < 3:  # run alone: measure a few releases first
+        assert deploy(inv_path, tree(base, "h%d" % len(ledger(lab)), 20000 + len(ledger(lab)))).returncode == 0
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    res = subprocess.run([sys.executable, "-m", "dflash_trainer", "history", "-i", inv_path, "-l", "tp",
+                          "-e", "trainer_target_hosts=all", "-n", "3", "--json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stdout.lstrip().startswith("{"), res.stdout[-2000:] + res.stderr[-2000:]
+    host = json.loads(res.stdout)["hosts"]["tp"]
+    rows = host["status"]["history"]
+    entries = ledger(lab)
+    assert [r["release"] for r in rows] == [e["release"] for e in reversed(entries[-3:])]
+    assert rows[0]["verdict"] == "proved" and "running" in rows[0]["marks"]
+    assert rows[0]["median"] == entries[-1]["figures"]["tok_s"]["median"]
+    text = subprocess.run([sys.executable, "-m", "dflash_trainer", "history", "-i", inv_path, "-l", "tp",
+                           "-e", "trainer_target_hosts=all", "-n", "3"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False).stdout
+    assert "RELEASE" in text and rows[0]["line"] in text

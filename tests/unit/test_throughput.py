@@ -65,3 +65,12 @@ def test_history_rows_newest_first_with_marks():
     rows = t.history_rows(ledger, running="r1", current="r1", limit=5)
     assert [r["release"] for r in rows] == ["r1", "r0"] and rows[0]["marks"] == ["running", "current"]
     assert rows[0]["median"] == 200.0
+
+
+def test_history_line():
+    rows = t.history_rows([t.entry("abc", "rolled back", {"tok_s": {"median": 12400.0, "p10": 12000.0, "p90": 12800.0,
+                                                                    "n": 16}, "q_hs": {"median": 7.0}},
+                                   "git 1234567", reason="throughput gate: 12.4K", now=0)], current="abc")
+    line = t.history_line(rows[0])
+    assert line.startswith("abc ") and "rolled back" in line and "12.4K (12.0K-12.8K, 16)" in line
+    assert "git 1234567" in line and "q_hs=7.0" in line and "<- current" in line and "[throughput gate" in line
