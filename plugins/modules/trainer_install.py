@@ -1,0 +1,167 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_install
+short_description: Install the trainer's launcher, environment file and systemd unit in one run
+description:
+  - Writes each file atomically when its content or mode differs (creating its directory), runs
+    C(systemctl daemon-reload) when the unit changed, and enables or disables the unit as asked -
+    one module run where three copy/template tasks, a directory task and a systemd task cost over a
+    dozen remote calls (each a C(pct) call on a Proxmox node).
+  - Reports which of the three changed, so the role can decide whether the trainer must restart.
+  - The environment file's content is a secret - never printed, diffs show its keys with masked values.
+author:
+  - dflash.trainer maintainers (@dflash)
+version_added: 0.2.0
+options:
+  unit:
+    description: The unit's name (without .service).
+    type: str
+    required: true
+  unit_path:
+    description: Where the unit file goes.
+    type: path
+    required: true
+  unit_content:
+    description: The unit file.
+    type: str
+    required: true
+  enabled:
+    description: Enable the unit at boot (V(false) - disable it).
+    type: bool
+    default: true
+  launcher_path:
+    description: Where the launcher goes (mode 0755).
+    type: path
+    required: true
+  launcher_content:
+    description: The launcher.
+    type: str
+    required: true
+  env_path:
+    description: Where the EnvironmentFile goes (mode 0600, its directory 0700).
+    type: path
+    required: true
+  env_content:
+    description: The EnvironmentFile (secret).
+    type: str
+    required: true
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: The environment file's values are masked.
+"""
+
+EXAMPLES = r"""
+- name: Install the launcher, environment file and unit
+  dflash.trainer.trainer_install:
+    unit: dflash-trainer
+    unit_path: /etc/systemd/system/dflash-trainer.service
+    unit_content: "{{ lookup('ansible.builtin.template', 'trainer.service.j2') }}"
+    launcher_path: /usr/local/lib/dflash-trainer/launch
+    launcher_content: "{{ lookup('ansible.builtin.file', 'dflash-trainer-launch') }}"
+    env_path: /etc/dflash-trainer/trainer.env
+    env_content: "{{ env | dflash.trainer.systemd_env_file }}"
+"""
+
+RETURN = r"""
+unit_changed:
+  description: Whether the unit file was (or would be) written.
+  returned: always
+  type: bool
+launcher_changed:
+  description: Whether the launcher was (or would be) written.
+  returned: always
+  type: bool
+env_changed:
+  description: Whether the environment file was (or would be) written.
+  returned: always
+  type: bool
+enabled_changed:
+  description: Whether the unit was (or would be) enabled or disabled.
+  returned: always
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._install import current, install_file, masked_env
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+
+
+def text(data):
+    return "" if data is None else data.decode("utf-8", "replace")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            unit=dict(type="str", required=True),
+            unit_path=dict(type="path", required=True),
+            unit_content=dict(type="str", required=True),
+            enabled=dict(type="bool", default=True),
+            launcher_path=dict(type="path", required=True),
+            launcher_content=dict(type="str", required=True),
+            env_path=dict(type="path", required=True),
+            env_content=dict(type="str", required=True, no_log=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    check = module.check_mode
+    files = (
+        ("launcher", p["launcher_path"], p["launcher_content"], 0o755, 0o755),
+        ("env", p["env_path"], p["env_content"], 0o600, 0o700),
+        ("unit", p["unit_path"], p["unit_content"], 0o644, 0o755),
+    )
+    result = dict(changed=False)
+    diffs = []
+    for name, path, content, mode, dir_mode in files:
+        data = content.encode("utf-8")
+        before, _mode = current(path) if module._diff else (None, None)
+        try:
+            changes = install_file(path, data, mode, dir_mode, check_mode=check)
+        except (IOError, OSError) as exc:
+            module.fail_json(msg="Unable to write %s: %s" % (path, exc), **result)
+        result["%s_changed" % name] = bool(changes)
+        result["changed"] = result["changed"] or bool(changes)
+        if module._diff and changes:
+            old, new = text(before), content
+            if name == "env":
+                old, new = masked_env(old), masked_env(new)
+            diffs.append(dict(before_header=path, after_header=path, before=old, after=new))
+
+    systemctl = module.get_bin_path("systemctl", required=True)
+    run = ModuleRunner(module)
+    if result["unit_changed"] and not check:
+        rc, out, err = run.or_fail([systemctl, "daemon-reload"])
+        if rc != 0:
+            module.fail_json(msg="systemctl daemon-reload failed: %s" % (err or out).strip(), **result)
+    rc, out, _err = run.or_fail([systemctl, "is-enabled", p["unit"]])
+    state = out.strip()
+    want = p["enabled"]
+    is_enabled = state in ("enabled", "enabled-runtime", "alias", "static", "indirect", "generated")
+    result["enabled_changed"] = want != is_enabled and not (not want and state in ("static", "generated"))
+    if result["enabled_changed"]:
+        result["changed"] = True
+        if not check:
+            rc, out, err = run.or_fail([systemctl, "enable" if want else "disable", p["unit"]])
+            if rc != 0:
+                module.fail_json(msg="systemctl %s %s failed: %s" % ("enable" if want else "disable", p["unit"],
+                                                                     (err or out).strip()), **result)
+    if diffs:
+        result["diff"] = diffs
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
