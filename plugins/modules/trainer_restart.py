@@ -9,6 +9,9 @@ DOCUMENTATION = r"""
 module: trainer_restart
 short_description: Restart, prove and roll back the trainer as one job on the target
 description:
+  - O(state=start) starts the job detached from the connection (a new session, double fork, no
+    standard streams: the same as Ansible's async wrapper, without its file transfers) and returns
+    at once, once the job has recorded itself in O(state_path); the role uses this.
   - O(state=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
     readiness proof, mark the release good - and on failure the rollback (C(current) back to the
     last good release, the same cycle again) or, with no good release to go back to, stops the
@@ -26,9 +29,10 @@ author:
 version_added: 0.2.0
 options:
   state:
-    description: V(run) runs the job; V(wait) watches it.
+    description: V(start) starts the job detached and returns; V(run) runs it in the foreground
+      (under C(async), or for tests); V(wait) watches it.
     type: str
-    choices: [run, wait]
+    choices: [start, run, wait]
     default: run
   job_id:
     description: The job's id (the play's lock token is a good one).
@@ -363,6 +367,46 @@ def run_job(module):
     module.fail_json(msg=job_message(result), **summary)
 
 
+def start_detached(module):
+    """Run the job in a grandchild detached from this module's session and streams (it survives
+    the connection, the controller and this process), return once it has recorded itself."""
+    p = module.params
+    before = (read_state(p["state_path"]) or {}).get("job_id")
+    if before == p["job_id"]:
+        module.fail_json(msg="restart job %s was already started" % p["job_id"])
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the detached side, exercised by the lab tests
+        try:
+            os.close(read_end)
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.chdir("/")
+            os.write(write_end, b"%d" % os.getpid())
+            os.close(write_end)
+            run_job(module)
+        except BaseException:  # exit_json/fail_json end in SystemExit: the outcome is in the state file
+            pass
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    pid = os.read(read_end, 32).decode() or "?"
+    os.close(read_end)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = read_state(p["state_path"]) or {}
+        if state.get("job_id") == p["job_id"]:
+            module.exit_json(changed=True, started=True, job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
+                             phase=state.get("phase"))
+        time.sleep(0.05)
+    module.fail_json(msg="restart job %s (pid %s) did not record itself in %s within 10 s"
+                     % (p["job_id"], pid, p["state_path"]))
+
+
 def job_message(result):
     msg = result.get("msg") or "restart failed"
     if result.get("outcome") and result.get("outcome") not in msg:
@@ -395,7 +439,7 @@ def wait(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["run", "wait"], default="run"),
+            state=dict(type="str", choices=["start", "run", "wait"], default="run"),
             job_id=dict(type="str", required=True),
             state_path=dict(type="path", default="/run/dflash-trainer/restart.json"),
             wait_s=dict(type="float", default=30),
@@ -437,6 +481,8 @@ def main():
     if module.check_mode:
         module.exit_json(changed=True, finished=True, phase="check mode", result={},
                          msg="check mode: the trainer would be restarted")
+    if module.params["state"] == "start":
+        start_detached(module)
     run_job(module)
 
 

@@ -1,0 +1,58 @@
+"""Fewer, fatter remote calls (issue 8 item 5), counted on lab container 225 from the connection's
+own -vvv trace: a no-op deploy makes at most 6 remote calls, status at most 2, a forced restart at
+most 10 plus one per 30 s long poll of the restart job."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CT = "225"
+FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
+        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
+        "trainer_src": os.path.join(ROOT, "examples", "trainer")}
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory):
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+                   check=True, stdout=subprocess.DEVNULL)
+    path = tmp_path_factory.mktemp("rt") / "hosts.json"
+    path.write_text(json.dumps({"all": {"hosts": {"rt": {"proxmox_vmid": int(CT)}}, "vars": lab.conn_vars()}}))
+    res = play(str(path), "deploy.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    return str(path)
+
+
+def play(inv_path, playbook, **extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run(["ansible-playbook", "-vvv", "-i", inv_path, playbook, "-l", "rt", "-e",
+                           json.dumps(dict(FAST, **extra))], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def calls(out):
+    """Remote calls: the connection's EXEC, PUT and FETCH lines."""
+    return len(re.findall(r"^<[^>]+> PCT (EXEC|PUT|FETCH) ", out, re.M))
+
+
+def test_no_op_deploy_makes_at_most_6_remote_calls(inv):
+    res = play(inv, "deploy.yml")
+    assert res.returncode == 0 and "changed=0" in res.stdout, res.stdout[-3000:]
+    assert 1 <= calls(res.stdout) <= 6, calls(res.stdout)
+
+
+def test_status_makes_at_most_2_remote_calls(inv):
+    res = play(inv, "playbooks/status.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert 1 <= calls(res.stdout) <= 2, calls(res.stdout)
+
+
+def test_forced_restart_is_few_calls(inv):
+    res = play(inv, "deploy.yml", trainer_force_restart=True)
+    assert res.returncode == 0, res.stdout[-3000:]
+    polls = len(re.findall(r"FAILED - RETRYING: \[rt\]: Watch the restart job", res.stdout))
+    assert calls(res.stdout) <= 10 + polls, (calls(res.stdout), polls)
