@@ -101,6 +101,12 @@ def decide(record, token, now, stale_s):
 
 
 def refusal_message(path, record, now):
+    if _number(record.get("expires")):
+        return ("another deploy holds %s: %s since %d s ago%s; its lease ends in %d s unless it renews it "
+                "(a dead holder's lock is then taken over; trainer_lock_wait_s waits for it)"
+                % (path, record.get("owner", "unknown"), int(now - record["since"]),
+                   " (restart job %s)" % record["job"] if record.get("job") else "",
+                   max(0, int(record["expires"] - now + 0.999))))
     return ("another deploy holds %s: %s since %d s ago; wait for it, or remove the lock if that "
             "deploy is dead (it is taken over by itself after trainer_lock_stale_s)"
             % (path, record.get("owner", "unknown"), int(now - record["since"])))

@@ -301,3 +301,20 @@ def test_module_stale_and_check_mode(lock, capsys):
     assert (out["changed"], out["action"]) == (True, STALE) and holder(lock)["token"] == "old"
     out = run_module({"path": lock, "token": "t1", "owner": "alice"}, capsys)
     assert (out["action"], out["previous_owner"]) == (STALE, "carol")
+
+
+def test_lease_expires_a_dead_holder_and_the_refusal_says_when(tmp_path):
+    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    path = str(tmp_path / "deploy.lock")
+    now = [1000.0]
+    assert lk.acquire(path, "a", "alice", 3600, clock=lambda: now[0], lease_s=45).ok
+    now[0] += 10
+    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45)
+    assert not out.ok and "its lease ends in 35 s" in out.msg and "alice" in out.msg
+    assert lk.heartbeat(path, "a", 45, clock=lambda: now[0], job="a-1").ok  # renewed: 45 s from now
+    now[0] += 40
+    assert not lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45).ok
+    now[0] += 6  # past the renewed lease: the holder is gone
+    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45)
+    assert out.ok and out.action == lk.STALE
+    assert not lk.heartbeat(path, "a", 45, clock=lambda: now[0]).ok  # the old holder learns it lost it
