@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What status's log read costs with a 1 GiB log before this start vs an empty one.
 
     .venv/bin/python bench/log_read.py [--gib 1] [--reps 7] [--sparse] [--dir /var/tmp]
@@ -62,7 +61,7 @@ def build(path, before_bytes, lines, sparse):
 
 def timed(fn, reps):
     times = []
-    for _ in range(reps):
+    for _rep in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -143,8 +142,8 @@ def main():
         print("| figure | empty log: min / median | %g GiB log: min / median | big / empty (medians) |" % args.gib)
         print("|---|---|---|---|")
         for what, e, b in rows:
-            print("| %s | %.2f / %.2f ms | %.2f / %.2f ms | %.2f× |" % (what, e[0] * 1e3, e[1] * 1e3, b[0] * 1e3,
-                                                                      b[1] * 1e3, b[1] / e[1]))
+            print("| %s | %.2f / %.2f ms | %.2f / %.2f ms | %.2f× |" % (
+                what, e[0] * 1e3, e[1] * 1e3, b[0] * 1e3, b[1] * 1e3, b[1] / e[1]))
         ratio = rows[0][2][1] / rows[0][1][1]
         print()
         print("status read_log, %g GiB / empty: %.2f× (target <= 1.5×): %s"

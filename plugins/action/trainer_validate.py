@@ -21,6 +21,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._validate import (
     target_problems,
 )
 
+
 def describe_source(src):
     """"git 4f1c2d9" (+ " dirty") when trainer_src is a git checkout, else "" (the job then records
     the release id, which is the tree's content hash). Read here, on the controller, where the

@@ -200,5 +200,3 @@ class _Lock(object):
     def __exit__(self, *exc):
         os.close(self.fd)
         return False
-
-

@@ -16,6 +16,7 @@ previous good release.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -38,7 +39,7 @@ def percentile(values, q):
 
 def summarize(values, window_s=None):
     """{median, p10, p90, n, window_s} of the finite numbers in values (n 0: no figures)."""
-    xs = [float(v) for v in values if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")]
+    xs = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     out = {"n": len(xs), "window_s": window_s}
     for name, q in (("median", 0.5), ("p10", 0.1), ("p90", 0.9)):
         value = percentile(xs, q)

@@ -16,6 +16,7 @@ status read returned, still before any change.
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
@@ -254,7 +255,7 @@ def _numbers_problems(v):
         accepted = "a number from %s to %s%s" % (lo, hi, (" " + unit) if unit else "")
         if n is None:
             problems.append(Problem(name, "is not a number", accepted, value))
-        elif n != n or n < lo or n > hi:  # n != n: NaN
+        elif math.isnan(n) or n < lo or n > hi:
             problems.append(Problem(name, "is out of range", accepted, value))
         else:
             nums[name] = n
@@ -391,7 +392,7 @@ def _measure_problems(v):
     m = v.get("trainer_measure_s")
     if m not in (None, "", 0):
         n = _number(m)
-        if n is None or n != n or n < 0.1 or n > SECONDS_MAX:
+        if n is None or math.isnan(n) or n < 0.1 or n > SECONDS_MAX:
             problems.append(Problem("trainer_measure_s", "is not a number of seconds in range",
                                     "null (the hold) or 0.1 to %d s" % SECONDS_MAX, m))
     rxs = v.get("trainer_measure_regexes")

@@ -343,6 +343,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_root impor
     write_last_good,
 )
 
+
 def _base_unusable(rid, base, why):
     return ReleaseModuleError("Unable to install release %s as a delta on base release %s: %s; "
                               "send the full archive" % (rid, base, why), base_unusable=True, base=base)

@@ -10,7 +10,7 @@ module: trainer_restart
 short_description: Restart, prove and roll back the trainer as one job on the target
 description:
   - O(state=start) starts the job detached from the connection (a new session, double fork, no
-    standard streams: the same as Ansible's async wrapper, without its file transfers) and returns
+    standard streams - as Ansible's async wrapper does, without its file transfers) and returns
     at once, once the job has recorded itself in O(state_path); the role uses this.
   - O(state=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
     readiness proof, mark the release good - and on failure the rollback (C(current) back to the

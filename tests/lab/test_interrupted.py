@@ -124,8 +124,11 @@ def in_phase(*phases):
 
 
 def finished(lab, job_id):
-    state = wait_for(lambda: (lambda s: s if s and s.get("job_id") == job_id and s.get("done") else None)(job_state(lab)),
-                     timeout=150, interval=0.5)
+    def done():
+        state = job_state(lab)
+        return state if state and state.get("job_id") == job_id and state.get("done") else None
+
+    state = wait_for(done, timeout=150, interval=0.5)
     assert state, "the restart job %s did not finish on its own" % job_id
     return state
 

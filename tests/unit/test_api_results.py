@@ -245,7 +245,7 @@ def test_restart_job_result_proved():
     from dflash_trainer.results import build_host_results
     proof = {"release": "aaa", "invocation_id": "i", "main_pid": 7, "step": 12, "tok_s": 40000.0,
              "seconds_to_ready": 14.6, "gpus_mib": {"0": 60000}}
-    hosts, _ = build_host_results([_restart_event({"ok": True, "restarted": True, "release": "aaa", "proof": proof})])
+    hosts, _recap = build_host_results([_restart_event({"ok": True, "restarted": True, "release": "aaa", "proof": proof})])
     h = hosts["gpu-host"]
     assert h.restarted and not h.rolled_back and h.proof.tok_s == 40000.0 and h.proof.main_pid == 7
 
@@ -254,7 +254,7 @@ def test_restart_job_result_rolled_back():
     from dflash_trainer.results import build_host_results
     proof = {"release": "good", "invocation_id": "j", "main_pid": 9, "step": 12, "tok_s": 41000.0,
              "seconds_to_ready": 14.0, "gpus_mib": {"0": 60000}}
-    hosts, _ = build_host_results([_restart_event({
+    hosts, _recap = build_host_results([_restart_event({
         "ok": False, "restarted": True, "release": "bad", "rolled_back": True, "rollback_release": "good",
         "rollback_proof": proof, "log_tail": ["Traceback", "ModuleNotFoundError: x"]})])
     h = hosts["gpu-host"]

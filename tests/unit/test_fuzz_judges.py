@@ -98,7 +98,7 @@ def polls(draw, expect, max_polls=25):
     indexes = draw(st.lists(st.integers(0, 5), min_size=0, max_size=6, unique=True))
     steady = draw(st.booleans())  # half the worlds mostly healthy, so that READY happens
     out = []
-    for _ in range(draw(st.integers(1, max_polls))):
+    for _poll in range(draw(st.integers(1, max_polls))):
         dt = draw(st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.5, 7.0]))
         props = dict(UNIT_GOOD, NRestarts=str(expect.n_restarts)) if steady and draw(st.integers(0, 9)) else \
             draw(unit_props(expect.n_restarts))
@@ -293,7 +293,7 @@ def drain_case(draw):
     judge = rd.DrainJudge(max_mib=draw(st.sampled_from([0, 512, 1024])), consecutive=draw(st.integers(0, 3)),
                           timeout_s=draw(st.sampled_from([0.0, 5.0, 60.0])), gpus=gpus)
     samples = []
-    for _ in range(draw(st.integers(1, 20))):
+    for _poll in range(draw(st.integers(1, 20))):
         indexes = draw(st.lists(st.integers(0, 5), min_size=1, max_size=6, unique=True))
         rows = [{"index": i, "memory_used_mib": draw(st.none() | st.integers(0, 3000) | st.floats(0, 3000)),
                  "processes": draw(st.sampled_from([[], [{"pid": 7, "process_name": None, "used_memory_mib": None}],

@@ -124,7 +124,7 @@ def check_gpu_rows(gpus):
     indexes = [g["index"] for g in gpus]
     assert len(set(indexes)) == len(indexes)
     for gpu in gpus:
-        assert type(gpu["index"]) is int and gpu["index"] >= 0
+        assert isinstance(gpu["index"], int) and not isinstance(gpu["index"], bool) and gpu["index"] >= 0
         for field, key in (("memory.used", "memory_used_mib"), ("memory.total", "memory_total_mib"),
                            ("utilization.gpu", "utilization_gpu_pct")):
             value = gpu[key]

@@ -358,7 +358,7 @@ def test_disk_full_at_start_then_freed(root, running, tiny_fs):
 def test_rotation_on_a_full_disk_and_a_user_freeing_space_by_truncating(root, running, tiny_fs):
     log = tiny_fs / "t.log"
     r = running(log, "--log-max-mib", "0.25", "--log-keep", "1", PAD=500, EVERY=0.002)
-    poll(lambda: (tiny_fs / "t.log.1").exists(), what="a first rotation")
+    poll((tiny_fs / "t.log.1").exists, what="a first rotation")
     filler = fill(tiny_fs)
     poll(lambda: "cannot write the log" in r.journal(), what="the launcher saying the log is not written")
     os.truncate(str(log), 0)           # what people do on a full disk

@@ -126,7 +126,7 @@ def test_scan_ignores_a_marker_line_not_finished_and_a_longer_invocation(tmp_pat
 def test_scan_across_block_boundaries_agrees_with_a_forward_read(tmp_path, seed):
     rnd = random.Random(seed)
     parts = []
-    for _ in range(rnd.randint(1, 12)):
+    for _round in range(rnd.randint(1, 12)):
         kind = rnd.random()
         if kind < 0.2:
             parts.append(start(rnd.choice([INV, OLD, NEXT])))
