@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 LAB_IDS ?= 200 201
 
-.PHONY: setup lab deploy test test-unit test-lab lint sanity molecule bench clean-lab
+.PHONY: setup lab deploy test test-unit test-lab lint sanity molecule bench clean-lab collection ee
 
 $(VENV)/.installed: requirements-dev.txt
 	bash .ci/host-packages
@@ -23,7 +23,7 @@ lab: setup
 deploy: lab
 	ansible-playbook deploy.yml -l gpu-host
 
-test: lab test-unit test-lab lint sanity molecule
+test: lab test-unit ee test-lab lint sanity molecule
 
 test-unit: setup
 	python -m pytest -q tests/unit
@@ -42,6 +42,22 @@ sanity: setup
 molecule: lab
 	molecule test --all
 	DFLASH_CONNECTION=community.proxmox.proxmox_pct_remote molecule test -s default
+
+# The collection tarball, as `ansible-galaxy collection build` makes it for users (galaxy.yml's
+# build_ignore keeps the project out; tests/unit/test_build.py installs it and runs ansible-doc).
+COLLECTION_TARBALL := dflash-trainer-$(shell sed -n 's/^version: *//p' galaxy.yml).tar.gz
+
+collection: setup
+	ansible-galaxy collection build --force .
+
+# The execution environment's build context (`ansible-builder create`: no container engine):
+# it must install the tarball just built.
+ee: collection
+	ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && \
+	ansible-builder create -f execution-environment.yml -c "$$ctx" && \
+	grep -qx -- '- name: collections/$(COLLECTION_TARBALL)' "$$ctx/_build/requirements.yml" && \
+	cmp $(COLLECTION_TARBALL) "$$ctx/_build/collections/$(COLLECTION_TARBALL)" && \
+	echo "execution environment context installs $(COLLECTION_TARBALL)"
 
 bench: lab
 	python bench/run.py

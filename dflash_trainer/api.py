@@ -7,27 +7,35 @@
             print(host, h.failed_task, h.reason, h.rolled_back, h.log_tail)
     print(r.hosts["gpu-host"].proof.tok_s)
 
-Every call runs one playbook from the repository (the collection root), as ansible-playbook run
-there would:
-- configuration: $ANSIBLE_CONFIG when the caller set it, else the checkout's ansible.cfg;
+Every call runs one playbook of the collection dflash.trainer, as ansible-playbook would:
+- the collection: this checkout when the package runs from one (the repository root is the
+  collection root), else the collection installed on the configured collections path or on
+  sys.path (`ansible-galaxy collection install dflash-trainer-<version>.tar.gz`), so that
+  `pip install .` plus an installed collection need nothing from the checkout;
+- the working directory (project_dir): the checkout, or the caller's when installed;
+- configuration: $ANSIBLE_CONFIG when the caller set it, else the first of ansible.cfg in the
+  working directory (the checkout's own), ~/.ansible.cfg, /etc/ansible/ansible.cfg - Ansible's
+  search - else Ansible's defaults;
 - inventory: the one given (a path, a list of paths, or an inventory dict), else the configured
   one (`inventory =` of that configuration; the checkout's names inventory/lab.yml);
 - host key checking: what that configuration (or $ANSIBLE_HOST_KEY_CHECKING) says - on unless
   the caller switched it off. ansible-runner alone would switch it off; it is passed explicitly;
-- collections: the checkout's collections/ first, so `dflash.trainer.*` resolves, then the
-  configured collection paths.
+- collections: the path holding the collection that is run first (the checkout's collections/,
+  or the installed copy's), so `dflash.trainer.*` resolves to the playbooks' own collection,
+  then the configured collection paths.
 The result is built from the runner's structured events (see results.py), never from printed text.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any, Mapping, Optional, Tuple, Union
 
 from .results import RunResult, build_run_result
 
-__all__ = ["REPO_ROOT", "PLAYBOOKS", "run_playbook", "deploy", "status", "restart", "rollback", "history"]
+__all__ = ["REPO_ROOT", "PLAYBOOKS", "collection_root", "find_collection", "run_playbook", "deploy", "status", "restart", "rollback", "history"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYBOOKS = {
@@ -39,16 +47,74 @@ PLAYBOOKS = {
 }
 
 Inventory = Union[str, list, dict, None]
+COLLECTION = ("dflash", "trainer")
 
 
-def ansible_settings(config_file: str, environ: Mapping[str, str]) -> Tuple[list, bool]:
-    """(collection paths, host key checking) as Ansible reads them from CONFIG_FILE and ENVIRON."""
+def is_collection_root(path: str) -> bool:
+    """PATH holds the collection dflash.trainer with its playbooks (a checkout or an installed copy)."""
+    return (os.path.isfile(os.path.join(path, PLAYBOOKS["deploy"])) and os.path.isdir(os.path.join(path, "roles"))
+            and any(os.path.isfile(os.path.join(path, meta)) for meta in ("galaxy.yml", "MANIFEST.json")))
+
+
+def find_collection(paths, sys_path: Optional[list] = None) -> Optional[str]:
+    """The root of dflash.trainer as Ansible finds it: the first of the collection PATHS (each
+    holding ansible_collections/, or being it), then sys.path (Ansible scans it too) that holds it."""
+    for base in list(paths) + list(sys.path if sys_path is None else sys_path):
+        base = os.path.abspath(os.path.expanduser(base or "."))
+        if os.path.basename(base) != "ansible_collections":
+            base = os.path.join(base, "ansible_collections")
+        candidate = os.path.join(base, *COLLECTION)
+        if is_collection_root(candidate):
+            return candidate
+    return None
+
+
+def collection_root(paths, project_dir: Optional[str] = None) -> str:
+    """The collection whose playbooks run: PROJECT_DIR (default: this checkout) when it is the
+    collection, else the installed one on PATHS / sys.path; FileNotFoundError when there is none."""
+    own = os.path.abspath(project_dir or REPO_ROOT)
+    if is_collection_root(own):
+        return own
+    found = find_collection(paths)
+    if found is None:
+        raise FileNotFoundError(
+            "the collection %s is not installed on the collections path (%s) nor on sys.path, and %s is not "
+            "its checkout: ansible-galaxy collection install dflash-trainer-<version>.tar.gz"
+            % (".".join(COLLECTION), os.pathsep.join(paths), own))
+    return found
+
+
+def find_config_file(directory: str, environ: Mapping[str, str]) -> Optional[str]:
+    """The configuration ansible-playbook run in DIRECTORY reads: $ANSIBLE_CONFIG (a file, or a
+    directory holding ansible.cfg; FileNotFoundError when missing), else the first existing of
+    DIRECTORY/ansible.cfg, ~/.ansible.cfg, /etc/ansible/ansible.cfg; None: Ansible's defaults."""
+    if environ.get("ANSIBLE_CONFIG"):
+        config_file = os.path.abspath(os.path.expanduser(environ["ANSIBLE_CONFIG"]))
+        if os.path.isdir(config_file):
+            config_file = os.path.join(config_file, "ansible.cfg")
+        if not os.path.isfile(config_file):
+            raise FileNotFoundError("Ansible configuration %s (ANSIBLE_CONFIG) does not exist" % config_file)
+        return config_file
+    home = environ.get("HOME") or os.path.expanduser("~")
+    for candidate in (os.path.join(directory, "ansible.cfg"), os.path.join(home, ".ansible.cfg"),
+                      "/etc/ansible/ansible.cfg"):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def ansible_settings(config_file: Optional[str], environ: Mapping[str, str]) -> Tuple[list, bool]:
+    """(collection paths, host key checking) as Ansible reads them from CONFIG_FILE and ENVIRON
+    (CONFIG_FILE None: Ansible's defaults)."""
     from ansible.config.manager import ConfigManager  # reads the file; no global Ansible state
     from ansible.module_utils.parsing.convert_bool import boolean
 
-    manager = ConfigManager(conf_file=config_file)
-    paths, origin = manager.get_config_value_and_origin("COLLECTIONS_PATHS")
-    checking = manager.get_config_value("HOST_KEY_CHECKING")
+    if config_file is None:
+        paths, origin, checking = [], "default", True
+    else:
+        manager = ConfigManager(conf_file=config_file)
+        paths, origin = manager.get_config_value_and_origin("COLLECTIONS_PATHS")
+        checking = manager.get_config_value("HOST_KEY_CHECKING")
     # the caller's environment wins over the file, as it does for ansible-playbook
     if environ.get("ANSIBLE_COLLECTIONS_PATH"):
         paths = [p for p in environ["ANSIBLE_COLLECTIONS_PATH"].split(os.pathsep) if p]
@@ -67,24 +133,27 @@ def runner_kwargs(playbook: str, *, limit: Optional[str] = None, inventory: Inve
     """The keyword arguments for ansible_runner.run (pure but for reading the configuration file;
     unit-tested). environ: the caller's environment (default os.environ)."""
     environ = os.environ if environ is None else environ
-    project_dir = os.path.abspath(project_dir or REPO_ROOT)
-    config_file = os.path.abspath(os.path.expanduser(environ.get("ANSIBLE_CONFIG") or
-                                                     os.path.join(project_dir, "ansible.cfg")))
-    if os.path.isdir(config_file):
-        config_file = os.path.join(config_file, "ansible.cfg")
-    if not os.path.isfile(config_file):
-        raise FileNotFoundError("Ansible configuration %s (ANSIBLE_CONFIG) does not exist" % config_file)
+    checkout = is_collection_root(os.path.abspath(project_dir or REPO_ROOT))
+    # the checkout is the working directory, as before; an installed package works where it is called
+    project_dir = os.path.abspath(project_dir or (REPO_ROOT if checkout else os.getcwd()))
+    config_file = find_config_file(project_dir, environ)
     paths, host_key_checking = ansible_settings(config_file, environ)
-    ours = os.path.join(project_dir, "collections")
+    root = collection_root(paths, project_dir)
+    if root == project_dir:  # a checkout: its collections/ links back to it
+        ours = os.path.join(project_dir, "collections")
+    else:  # installed: the path that holds ansible_collections/dflash/trainer
+        ours = os.path.dirname(os.path.dirname(os.path.dirname(root)))
+    envvars = {
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join([ours] + [p for p in paths if os.path.abspath(p) != ours]),
+        "ANSIBLE_HOST_KEY_CHECKING": str(host_key_checking),
+    }
+    if config_file is not None:
+        envvars = {"ANSIBLE_CONFIG": config_file, **envvars}
     kwargs = dict(
         private_data_dir=private_data_dir,
         project_dir=project_dir,
-        playbook=os.path.join(project_dir, PLAYBOOKS.get(playbook, playbook)),
-        envvars={
-            "ANSIBLE_CONFIG": config_file,
-            "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join([ours] + [p for p in paths if p != ours]),
-            "ANSIBLE_HOST_KEY_CHECKING": str(host_key_checking),
-        },
+        playbook=os.path.join(root if playbook in PLAYBOOKS else project_dir, PLAYBOOKS.get(playbook, playbook)),
+        envvars=envvars,
         extravars=dict(extravars or {}),
         quiet=True,
     )
@@ -125,6 +194,13 @@ def run_playbook(playbook: str, *, limit: Optional[str] = None, inventory: Inven
     finally:
         if own_pdd:
             shutil.rmtree(pdd, ignore_errors=True)
+        else:
+            # ansible-runner leaves its inputs in env/: extra vars may hold secrets (trainer_env)
+            for name in ("extravars", "cmdline"):
+                try:
+                    os.unlink(os.path.join(pdd, "env", name))
+                except OSError:
+                    pass
 
 
 def deploy(limit: Optional[str] = None, inventory: Inventory = None, extravars: Optional[Mapping[str, Any]] = None,
