@@ -14,7 +14,12 @@ What `up` builds (all real parts, only the GPU is simulated):
 - /usr/sbin/pct (lab/pct): Proxmox's pct CLI shapes on top of lxc-attach/lxc-start;
 - sshd on 127.0.0.1:PORT with its own host key, pid file and a client key, so playbooks take the
   real path ssh -> pct exec -> container; the host key goes into SSH_DIR/known_hosts
-  (`[127.0.0.1]:PORT ssh-ed25519 ...`), so clients check it as they would a real node's.
+  (`[127.0.0.1]:PORT ssh-ed25519 ...`), so clients check it as they would a real node's;
+- a careful operator's account: user OPERATOR (`dflash`, same lab key) whose sudo allows only the
+  collection's pct wrapper (extras/dflash-pct-wrapper at WRAPPER_PATH) for the ids in
+  PCT_ALLOWED (`lab.py allow --ids 230 [--remove]`; none by default).
+
+    python3 lab/lab.py delay SECONDS [--ids ...]  # pct start-up cost per call (0: none, the default)
 """
 import argparse
 import glob
@@ -36,7 +41,17 @@ SSH_DIR = os.path.join(STATE_DIR, "ssh")
 # (ansible_pct_known_hosts_file) and keep host key checking on, as for a real node.
 KNOWN_HOSTS = os.path.join(SSH_DIR, "known_hosts")
 PCT_PATH = "/usr/sbin/pct"
-HOST_PACKAGES = ["lxc", "debootstrap", "openssh-server", "openssh-client"]
+# lab/pct reads its per-call delay here: pct-delay (every call) or pct-delay.<vmid> (one container)
+PCT_CONF_DIR = "/etc/dflash-lab"
+OPERATOR = "dflash"
+WRAPPER_PATH = "/usr/local/sbin/dflash-pct-wrapper"
+PCT_ALLOWED = "/etc/dflash-trainer/pct-allowed"
+SUDOERS = "/etc/sudoers.d/dflash-lab-operator"
+OPERATOR_KEYS = os.path.join(STATE_DIR, "operator", "authorized_keys")
+HOST_PACKAGES = ["lxc", "debootstrap", "openssh-server", "openssh-client", "sudo"]
+# Each container's systemd takes inotify instances; the kernel's default (128 per user) lets
+# only about 20 containers boot - the next one's init exits 255 at once.
+HOST_SYSCTLS = {"fs.inotify.max_user_instances": 8192, "fs.inotify.max_user_watches": 1048576}
 ROOTFS_PACKAGES = "systemd,systemd-sysv,python3,dbus,procps"
 DEFAULT_GPU_CONFIG = {"count": 8, "memory_mib": 81559, "name": "NVIDIA H100 80GB HBM3", "release_delay_s": 0}
 
@@ -78,6 +93,18 @@ def ensure_host_packages():
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         run(["apt-get", "update", "-qq"], env=env)
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing, env=env, stdout=subprocess.DEVNULL)
+
+
+def ensure_sysctls():
+    """Raise (never lower) the kernel limits that many containers need."""
+    for key, want in HOST_SYSCTLS.items():
+        path = "/proc/sys/" + key.replace(".", "/")
+        with open(path) as fh:
+            have = int(fh.read().split()[0])
+        if have < want:
+            with open(path, "w") as fh:
+                fh.write(str(want))
+            log("%s: %d -> %d" % (key, have, want))
 
 
 def rootfs_path():
@@ -192,6 +219,67 @@ def ensure_pct():
     os.replace(tmp, PCT_PATH)
 
 
+def ensure_operator():
+    """The non-root operator: ssh with the lab key, sudo for the pct wrapper and nothing else."""
+    if subprocess.run(["id", "-u", OPERATOR], capture_output=True, check=False).returncode:
+        run(["useradd", "--create-home", "--shell", "/bin/bash", OPERATOR])
+    # '*': no password, yet not locked ('!'), so sshd (UsePAM no) lets the key in
+    run(["usermod", "-p", "*", OPERATOR])
+    tmp = WRAPPER_PATH + ".new"
+    os.makedirs(os.path.dirname(WRAPPER_PATH), exist_ok=True)
+    shutil.copyfile(os.path.join(HERE, "..", "extras", "dflash-pct-wrapper"), tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, WRAPPER_PATH)
+    os.makedirs(os.path.dirname(PCT_ALLOWED), mode=0o755, exist_ok=True)
+    if not os.path.exists(PCT_ALLOWED):
+        write_allowed([])
+    rule = "# written by dflash.trainer lab/lab.py\n%s ALL=(root) NOPASSWD: %s\n" % (OPERATOR, WRAPPER_PATH)
+    tmp = SUDOERS + ".new"
+    with open(tmp, "w") as fh:
+        fh.write(rule)
+    os.chmod(tmp, 0o440)
+    run(["visudo", "-cqf", tmp])
+    os.replace(tmp, SUDOERS)
+
+
+def read_allowed():
+    try:
+        with open(PCT_ALLOWED) as fh:
+            return [w for line in fh for w in line.split("#", 1)[0].split()]
+    except FileNotFoundError:
+        return []
+
+
+def write_allowed(ids):
+    tmp = PCT_ALLOWED + ".new"
+    with open(tmp, "w") as fh:
+        fh.write("# containers the lab operator (%s) may reach through %s; lab.py allow\n" % (OPERATOR, WRAPPER_PATH))
+        fh.write("".join("%s\n" % i for i in sorted(set(ids), key=int)))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, PCT_ALLOWED)
+
+
+def allow(ids, remove):
+    have = read_allowed()
+    write_allowed([i for i in have if i not in ids] if remove else have + ids)
+    log("%s: %s" % (PCT_ALLOWED, " ".join(read_allowed()) or "(none)"))
+
+
+def set_delay(seconds, ids):
+    """pct's per-call delay (lab/pct reads it on every call): for ids, else for every call."""
+    os.makedirs(PCT_CONF_DIR, exist_ok=True)
+    for name in (["pct-delay.%s" % i for i in ids] if ids else ["pct-delay"]):
+        path = os.path.join(PCT_CONF_DIR, name)
+        if seconds == 0:
+            if os.path.exists(path):
+                os.unlink(path)
+        else:
+            with open(path + ".new", "w") as fh:
+                fh.write("%g\n" % seconds)
+            os.replace(path + ".new", path)
+        log("%s: %g s per pct call" % (path, seconds))
+
+
 def sshd_config():
     return "\n".join([
         "# dflash.trainer lab sshd: loopback only, key auth only",
@@ -199,7 +287,8 @@ def sshd_config():
         "ListenAddress 127.0.0.1",
         "HostKey %s/ssh_host_ed25519_key" % SSH_DIR,
         "PidFile %s/sshd.pid" % SSH_DIR,
-        "AuthorizedKeysFile %s/authorized_keys" % SSH_DIR,
+        # the second file is readable by the operator (sshd reads it as the user logging in)
+        "AuthorizedKeysFile %s/authorized_keys %s" % (SSH_DIR, OPERATOR_KEYS),
         "PermitRootLogin prohibit-password",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
@@ -236,6 +325,10 @@ def ensure_sshd():
         pub = fh.read()
     with open(os.path.join(SSH_DIR, "authorized_keys"), "w") as fh:
         fh.write(pub)
+    os.makedirs(os.path.dirname(OPERATOR_KEYS), mode=0o755, exist_ok=True)
+    with open(OPERATOR_KEYS, "w") as fh:
+        fh.write('from="127.0.0.1" ' + pub)
+    os.chmod(OPERATOR_KEYS, 0o644)
     write_known_hosts(hostkey + ".pub")
     cfg = os.path.join(SSH_DIR, "sshd_config")
     with open(cfg, "w") as fh:
@@ -290,6 +383,8 @@ def ssh_argv():
 def write_facts(ids):
     facts = {"ssh_host": "127.0.0.1", "ssh_port": SSH_PORT, "ssh_user": "root",
              "ssh_private_key": os.path.join(SSH_DIR, "id_ed25519"), "known_hosts": KNOWN_HOSTS, "pct": PCT_PATH,
+             "operator": {"ssh_user": OPERATOR, "pct_path": WRAPPER_PATH, "pct_sudo": True, "allowed": PCT_ALLOWED},
+             "pct_delay_dir": PCT_CONF_DIR,
              "containers": sorted(set(ids) | set(lab_ids()), key=int)}
     with open(os.path.join(STATE_DIR, "lab.json"), "w") as fh:
         json.dump(facts, fh, indent=2)
@@ -302,8 +397,10 @@ def lab_ids():
 
 def up(ids):
     ensure_host_packages()
+    ensure_sysctls()
     ensure_rootfs()
     ensure_pct()
+    ensure_operator()
     for vmid in ids:
         ensure_container(vmid)
     ensure_sshd()
@@ -343,10 +440,16 @@ def main(argv=None):
         if name == "down":
             s.add_argument("--purge", action="store_true", help="also remove the cached rootfs")
     sub.add_parser("status")
+    a = sub.add_parser("allow", help="containers the operator's pct wrapper may reach")
+    a.add_argument("--ids", nargs="+", required=True)
+    a.add_argument("--remove", action="store_true")
+    d = sub.add_parser("delay", help="seconds each pct call waits first (Proxmox's start-up); 0: none")
+    d.add_argument("seconds", type=float)
+    d.add_argument("--ids", nargs="+", default=None, help="only these containers (default: every call)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("lab: must run as root (LXC containers, /usr/sbin/pct, sshd)")
-    if args.cmd in ("up", "down") and args.ids:
+    if args.cmd in ("up", "down", "allow", "delay") and args.ids:
         bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
@@ -354,6 +457,12 @@ def main(argv=None):
         up(args.ids or ["200"])
     elif args.cmd == "down":
         down(args.ids or lab_ids(), args.purge)
+    elif args.cmd == "allow":
+        allow(args.ids, args.remove)
+    elif args.cmd == "delay":
+        if args.seconds < 0:
+            raise SystemExit("lab: the delay is seconds >= 0")
+        set_delay(args.seconds, args.ids or [])
     else:
         status()
     return 0

@@ -1,0 +1,108 @@
+"""The field, in the lab (issue 8): check mode on a first deploy changes nothing (container 230);
+a non-root operator whose sudo allows only extras/dflash-pct-wrapper deploys and reads status
+through it (230), and the wrapper refuses a container not listed (231) and `pct stop`."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB = os.path.join(ROOT, "lab", "lab.py")
+CT = "230"       # fresh at the start of this module, then the operator's container
+OTHER = "231"    # exists, never listed for the operator
+FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
+        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
+        "trainer_src": os.path.join(ROOT, "examples", "trainer")}
+
+
+def lab_cmd(*args):
+    subprocess.run([sys.executable, LAB, *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def playbook(inv_path, play, limit, *args, **extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run(["ansible-playbook", "-i", inv_path, play, "-l", limit, *args,
+                           "-e", json.dumps(dict(FAST, **extra))],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def field(lab, tmp_path_factory):
+    lab_cmd("down", "--ids", CT)  # a first deploy: nothing of ours in the container
+    lab_cmd("up", "--ids", CT, OTHER)
+    lab_cmd("allow", "--ids", OTHER, "--remove")
+    lab_cmd("allow", "--ids", CT)
+    base = tmp_path_factory.mktemp("field")
+    root_inv = base / "root.json"
+    root_inv.write_text(json.dumps({"all": {"hosts": {"ct": {"proxmox_vmid": int(CT)}}, "vars": lab.conn_vars()}}))
+    op = lab.facts["operator"]
+    op_vars = dict(lab.conn_vars(), ansible_user=op["ssh_user"], pct_sudo=True, pct_path=op["pct_path"])
+    op_inv = base / "operator.json"
+    op_inv.write_text(json.dumps({"all": {"hosts": {"ct": {"proxmox_vmid": int(CT)},
+                                                    "other": {"proxmox_vmid": int(OTHER)}}, "vars": op_vars}}))
+    return str(root_inv), str(op_inv)
+
+
+def leftovers(lab):
+    res = lab.ct(CT, "sh", "-c", "ls -d /opt/dflash-trainer /etc/systemd/system/dflash-trainer.service "
+                 "/etc/dflash-trainer /usr/local/lib/dflash-trainer /run/dflash-trainer* /root/.ansible 2>/dev/null; true")
+    return res.stdout.split()
+
+
+def test_check_mode_on_a_first_deploy_says_what_it_would_do_and_changes_nothing(lab, field):
+    root_inv, _ = field
+    assert leftovers(lab) == []
+    res = playbook(root_inv, "deploy.yml", "ct", "--check", "--diff",
+                   trainer_env={"DFLASH_FAKE_STARTUP_S": "0.3", "FIELD_SECRET": "s3cr3t-check-mode"})
+    out = " ".join((res.stdout + res.stderr).split())  # the callback wraps long messages
+    assert res.returncode == 0, out[-4000:]
+    assert "would restart dflash-trainer: release switched to " in out, out[-4000:]
+    assert "trainer not running" in out and "unit file changed" in out
+    assert "s3cr3t-check-mode" not in out
+    assert leftovers(lab) == []
+    assert lab.ct(CT, "systemctl", "cat", "dflash-trainer").returncode != 0  # no unit, loaded or not
+
+
+def test_operator_deploys_and_reads_status_through_the_sudo_wrapper(lab, field):
+    _, op_inv = field
+    res = playbook(op_inv, "deploy.yml", "ct")
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 0, out[-4000:]
+    assert "dflash-trainer ready: release " in out
+    assert lab.ct(CT, "systemctl", "is-active", "dflash-trainer").stdout.strip() == "active"
+    res = playbook(op_inv, "playbooks/status.yml", "ct")
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "unit dflash-trainer: active/running" in res.stdout
+    res = playbook(op_inv, "deploy.yml", "ct")  # a no-op through the wrapper too
+    assert res.returncode == 0 and "left running: release" in res.stdout, res.stdout[-3000:]
+
+
+def test_the_wrapper_refuses_a_container_not_listed(lab, field):
+    _, op_inv = field
+    res = playbook(op_inv, "playbooks/status.yml", "other")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "dflash-pct-wrapper: refused: container %s is not in /etc/dflash-trainer/pct-allowed" % OTHER in out, out[-3000:]
+
+
+@pytest.mark.parametrize("remote,rc,said", [
+    ("sudo -n {w} exec {other} -- true", 77, "refused: container {other} is not in"),
+    ("sudo -n {w} stop {ct}", 77, "refused: pct stop is not allowed"),
+    ("sudo -n {w} exec {ct} --keep-env 0 -- true", 77, "refused: exec must be: exec {ct} -- COMMAND"),
+    ("sudo -n {w} push {ct} /etc/shadow /root/shadow", 255, "unable to open file '/etc/shadow' - not readable by dflash"),
+    ("sudo -n /usr/sbin/pct status {ct}", 1, "sudo: a password is required"),
+    ("sudo -n {w} status {ct}", 0, ""),
+])
+def test_the_operator_over_ssh(lab, field, remote, rc, said):
+    op = lab.facts["operator"]
+    argv = ["ssh", "-p", str(lab.port), "-i", lab.key, "-o", "StrictHostKeyChecking=yes",
+            "-o", "UserKnownHostsFile=" + lab.facts["known_hosts"], "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+            "%s@%s" % (op["ssh_user"], lab.host), remote.format(w=op["pct_path"], ct=CT, other=OTHER)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == rc, (res.returncode, res.stderr)
+    assert said.format(ct=CT, other=OTHER) in res.stderr
+    if rc == 0:
+        assert res.stdout == "status: running\n"
+    assert lab.pct("status", CT).stdout == "status: running\n"
