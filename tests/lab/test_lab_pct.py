@@ -108,3 +108,37 @@ def test_simulated_gpu_memory_follows_its_holder(lab, scratch_ct):
     finally:
         lab.ct(scratch_ct, "systemctl", "stop", unit)
     assert wait_for(lambda: used(3) == base, timeout=10)
+
+
+DELAY_CT = "230"  # its own delay file: other containers' callers never wait for this test
+
+
+def test_per_call_delay_models_proxmox_start_up(lab, tmp_path):
+    """lab.py delay S --ids CT: every pct call for CT waits S first (errors too); other containers
+    and the default stay at 0; DFLASH_PCT_DELAY_S overrides for one caller."""
+    import time  # pylint: disable=import-outside-toplevel
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", DELAY_CT],
+                   check=True, stdout=subprocess.DEVNULL)
+
+    def timed(*args, env=None):
+        t0 = time.monotonic()
+        res = subprocess.run(["pct", *args], capture_output=True, text=True, check=False,
+                             env=dict(os.environ, **(env or {})))
+        return time.monotonic() - t0, res
+
+    lab_py = [sys.executable, os.path.join(ROOT, "lab", "lab.py")]
+    subprocess.run(lab_py + ["delay", "0.6", "--ids", DELAY_CT], check=True, stdout=subprocess.DEVNULL)
+    try:
+        took, res = timed("status", DELAY_CT)
+        assert res.stdout == "status: running\n" and took >= 0.6
+        took, res = timed("exec", DELAY_CT, "--", "sh", "-c", "exit 3")
+        assert res.returncode == 3 and took >= 0.6
+        took, _ = timed("status", DELAY_CT, env={"DFLASH_PCT_DELAY_S": "0"})
+        assert took < 0.5
+        took, res = timed("status", "999999", env={"DFLASH_PCT_DELAY_S": "0.4"})
+        assert res.returncode == 255 and took >= 0.4
+    finally:
+        subprocess.run(lab_py + ["delay", "0", "--ids", DELAY_CT], check=True, stdout=subprocess.DEVNULL)
+    assert not os.path.exists("/etc/dflash-lab/pct-delay.%s" % DELAY_CT)
+    took, res = timed("status", DELAY_CT)
+    assert res.returncode == 0 and took < 0.5
