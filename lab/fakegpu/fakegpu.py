@@ -46,7 +46,20 @@ DEFAULTS = {
     "name": "NVIDIA H100 80GB HBM3",
     "release_delay_s": 0,
     "uuid_seed": "lab",
+    # How nvidia-smi in the container shows processes, as on a GPU passed through to LXC (the
+    # driver reports host PIDs): null - the processes themselves (a bare-metal host);
+    # "empty" - none; "host_pids" - every holder under a host PID with a `[Not Found]` name.
+    "passthrough": None,
+    # Other tenants' memory per GPU ({"3": 20000}): counted in memory.used and against
+    # allocations, never in this container's PID namespace.
+    "foreign_mib": {},
 }
+PASSTHROUGH_MODES = (None, "empty", "host_pids")
+# host PID shown for a holder under "host_pids": beyond any PID of the container (its pid_max
+# is the kernel's, 4194304 at most, yet the lab's containers never come near this offset).
+HOST_PID_OFFSET = 3000000
+FOREIGN_HOST_PID = 2000000  # + GPU index: the other tenant's process on that GPU
+NOT_FOUND = "[Not Found]"
 DRIVER_ERROR_TEXT = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running."
@@ -97,6 +110,12 @@ def load_config():
     cfg["count"] = int(cfg["count"])
     cfg["memory_mib"] = int(cfg["memory_mib"])
     cfg["errors"] = {str(k): str(v) for k, v in (cfg.get("errors") or {}).items()}
+    cfg["foreign_mib"] = {str(k): int(v) for k, v in (cfg.get("foreign_mib") or {}).items() if int(v) > 0}
+    if cfg["passthrough"] in (False, "off", ""):
+        cfg["passthrough"] = None
+    if cfg["passthrough"] not in PASSTHROUGH_MODES:
+        raise ValueError("%s: passthrough must be null, \"empty\" or \"host_pids\", not %r"
+                         % (config_path(), cfg["passthrough"]))
     return cfg
 
 
@@ -259,7 +278,7 @@ def allocate(gpu, mib, pid=None):
     if start is None:
         raise ProcessLookupError("no such process: %d" % pid)
     with _locked():
-        used = _used_by_gpu(_live_records(cfg, True)).get(gpu, 0)
+        used = _used_by_gpu(_live_records(cfg, True)).get(gpu, 0) + cfg["foreign_mib"].get(str(gpu), 0)
         total = cfg["memory_mib"]
         if used + mib > total:
             raise OutOfMemory(
@@ -305,6 +324,8 @@ def snapshot():
     ``processes`` lists live holders only ([{pid, name, used_mib}]); memory of a dead holder
     still inside its release delay counts in ``used_mib`` with no process listed (as a stuck
     context looks on a real GPU). ``error`` is the injected bracketed value or None.
+    ``foreign_mib``: other tenants' memory on this GPU (in ``used_mib``, in no process). This
+    is the truth (the host's view); ``container_view`` is what nvidia-smi in the container shows.
     """
     cfg = load_config()
     with _locked(write=False) as writable:
@@ -318,8 +339,9 @@ def snapshot():
                 entry = procs.setdefault(
                     rec["pid"], {"pid": rec["pid"], "name": rec.get("name") or "", "used_mib": 0})
                 entry["used_mib"] += int(rec["mib"])
-        used = sum(int(r["mib"]) for r in mine)
-        busy = any(r["alive"] for r in mine)
+        foreign = cfg["foreign_mib"].get(str(index), 0)
+        used = sum(int(r["mib"]) for r in mine) + foreign
+        busy = any(r["alive"] for r in mine) or foreign > 0
         gpus.append({
             "index": index,
             "uuid": gpu_uuid(index, cfg["uuid_seed"]),
@@ -330,8 +352,27 @@ def snapshot():
             "util_pct": (100 - index % 4) if busy else 0,
             "error": cfg["errors"].get(str(index)),
             "processes": sorted(procs.values(), key=lambda p: p["pid"]),
+            "foreign_mib": foreign,
         })
     return gpus
+
+
+def container_view(gpus, passthrough):
+    """The GPUs as nvidia-smi inside a container shows them: memory as it is (every tenant's);
+    processes as they are (None), none ("empty"), or under host PIDs that do not exist in the
+    container, named `[Not Found]`, the other tenants' included ("host_pids")."""
+    if passthrough is None:
+        return gpus
+    view = []
+    for g in gpus:
+        procs = []
+        if passthrough == "host_pids":
+            procs = [{"pid": HOST_PID_OFFSET + p["pid"], "name": NOT_FOUND, "used_mib": p["used_mib"]}
+                     for p in g["processes"]]
+            if g.get("foreign_mib"):
+                procs.append({"pid": FOREIGN_HOST_PID + g["index"], "name": NOT_FOUND, "used_mib": g["foreign_mib"]})
+        view.append(dict(g, processes=sorted(procs, key=lambda p: p["pid"])))
+    return view
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,7 +594,7 @@ def smi(argv):
         opts = _parse_smi_args(argv)
         if os.path.exists(os.path.join(state_dir(), "driver_error")):
             raise _SmiExit(9, DRIVER_ERROR_TEXT + "\n")
-        gpus = snapshot()
+        gpus = container_view(snapshot(), load_config()["passthrough"])
         if not gpus:
             raise _SmiExit(6, "No devices were found\n")
         if opts["mode"] == "list":
@@ -671,9 +712,10 @@ def _show(as_json):
     lines = []
     for g in gpus:
         procs = " ".join("%d:%dMiB" % (p["pid"], p["used_mib"]) for p in g["processes"])
-        lines.append("gpu %d %s used=%d/%d MiB util=%d%%%s%s" % (
+        lines.append("gpu %d %s used=%d/%d MiB util=%d%%%s%s%s" % (
             g["index"], g["uuid"], g["used_mib"], g["total_mib"], g["util_pct"],
-            " error=%s" % g["error"] if g["error"] else "", " procs=" + procs if procs else ""))
+            " error=%s" % g["error"] if g["error"] else "", " procs=" + procs if procs else "",
+            " foreign=%dMiB" % g["foreign_mib"] if g["foreign_mib"] else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -706,6 +748,11 @@ def main(argv=None):
                        help="make nvidia-smi fail as if the driver were gone")
     p_cfg.add_argument("--hang", type=_hang_arg, metavar="forever|SECONDS|off",
                        help="make nvidia-smi hang (forever, or answer after SECONDS); off: answer")
+    p_cfg.add_argument("--passthrough", choices=("off", "empty", "host-pids"),
+                       help="nvidia-smi's process view as in an LXC container with GPUs passed through")
+    p_cfg.add_argument("--foreign", action="append", default=[], metavar="INDEX=MIB",
+                       help="another tenant holds MIB on GPU INDEX (0 removes it)")
+    p_cfg.add_argument("--clear-foreign", action="store_true")
     args = parser.parse_args(argv)
 
     if args.cmd == "alloc":
@@ -742,6 +789,14 @@ def main(argv=None):
             index, text = item.split("=", 1) if "=" in item else (item, "")
             errors[str(int(index))] = text
         changes["errors"] = errors
+    if args.passthrough:
+        changes["passthrough"] = None if args.passthrough == "off" else args.passthrough.replace("-", "_")
+    if args.foreign or args.clear_foreign:
+        foreign = {} if args.clear_foreign else dict(load_config()["foreign_mib"])
+        for item in args.foreign:
+            index, mib = item.split("=", 1)
+            foreign[str(int(index))] = int(mib)
+        changes["foreign_mib"] = {k: v for k, v in foreign.items() if v > 0}
     cfg = write_config(**changes)
     if args.driver_error == "on":
         open(os.path.join(state_dir(), "driver_error"), "w").close()

@@ -106,3 +106,42 @@ def test_the_operator_over_ssh(lab, field, remote, rc, said):
     if rc == 0:
         assert res.stdout == "status: running\n"
     assert lab.pct("status", CT).stdout == "status: running\n"
+
+
+PT = "231"  # GPUs seen as through LXC passthrough: compute-apps shows host PIDs, [Not Found]
+
+
+@pytest.fixture(scope="module")
+def passthrough(lab, field, tmp_path_factory):
+    lab_cmd("up", "--ids", PT)
+    assert lab.ct(PT, "python3", "-m", "fakegpu", "config", "--passthrough", "host-pids", "--clear-foreign").returncode == 0
+    inv = tmp_path_factory.mktemp("pt") / "hosts.json"
+    inv.write_text(json.dumps({"all": {"hosts": {"pt": {"proxmox_vmid": int(PT)}}, "vars": lab.conn_vars()}}))
+    yield str(inv)
+    lab.ct(PT, "python3", "-m", "fakegpu", "config", "--passthrough", "off", "--clear-foreign")
+
+
+def test_proof_and_drain_never_need_the_containers_pids(lab, passthrough):
+    for extra in ({}, {"trainer_force_restart": True}):  # (first) deploy, then stop -> drain -> start
+        res = playbook(passthrough, "deploy.yml", "pt", **extra)
+        out = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 0, out[-4000:]
+        assert "dflash-trainer ready: release " in out
+    main_pid = lab.ct(PT, "systemctl", "show", "-p", "MainPID", "--value", "dflash-trainer").stdout.strip()
+    apps = lab.ct(PT, "nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader").stdout.splitlines()
+    assert apps and all(row.split(", ")[1] == "[Not Found]" for row in apps)
+    pids = {row.split(", ")[0] for row in apps}
+    assert main_pid not in pids
+    for pid in pids:
+        assert lab.ct(PT, "test", "-e", "/proc/%s" % pid).returncode != 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 8 item 3: another tenant's memory on a trainer GPU blocks the drain "
+                   "gate after the stop (pre-flight lets it through) and the trainer stays stopped")
+def test_another_tenants_memory_is_not_our_trainers(lab, passthrough):
+    lab.ct(PT, "python3", "-m", "fakegpu", "config", "--foreign", "7=20000")
+    try:
+        res = playbook(passthrough, "deploy.yml", "pt", trainer_force_restart=True, trainer_drain_timeout_s=10)
+        assert res.returncode == 0, res.stdout[-3000:]
+    finally:
+        lab.ct(PT, "python3", "-m", "fakegpu", "config", "--clear-foreign")

@@ -398,3 +398,75 @@ def test_smi_slow_answers_after_the_delay(state):
     assert time.monotonic() - start >= 0.5
     assert (rc, out.splitlines()[:2]) == (0, ["0", "1"])
     assert fakegpu.hanging_pids() == []  # marker removed when it answered
+
+
+# --------------------------------------------------------------------------------------------
+# passthrough: the process view of a GPU passed through to an LXC container; other tenants
+
+def test_passthrough_off_by_default(state, holder):
+    assert fakegpu.load_config()["passthrough"] is None and fakegpu.load_config()["foreign_mib"] == {}
+    proc = holder()
+    fakegpu.allocate(1, 1000, pid=proc.pid)
+    assert smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")[1] == "%d, 1000\n" % proc.pid
+
+
+def test_passthrough_empty_hides_every_process_but_keeps_memory(state, holder):
+    set_config(state, passthrough="empty")
+    proc = holder()
+    fakegpu.allocate(2, 5000, pid=proc.pid)
+    assert smi("--query-compute-apps=pid,process_name,used_memory", "--format=csv")[1] == \
+        "pid, process_name, used_gpu_memory [MiB]\n"
+    assert smi("--query-compute-apps=pid", "--format=csv,noheader")[1] == ""
+    assert smi("--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-i", "2")[1] == "2, 5000\n"
+    assert "No running processes found" in smi()[1]
+    assert fakegpu.snapshot()[2]["processes"] == [{"pid": proc.pid, "name": fakegpu._process_name(proc.pid),
+                                                    "used_mib": 5000}]  # the host's view is the truth
+
+
+def test_passthrough_host_pids_are_not_found_in_the_container(state, holder):
+    set_config(state, passthrough="host_pids")
+    proc = holder()
+    fakegpu.allocate(3, 7000, pid=proc.pid)
+    rc, out = smi("--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv,noheader")
+    assert rc == 0
+    (row,) = out.splitlines()
+    pid, name, mib, uuid = row.split(", ")
+    assert int(pid) != proc.pid and not os.path.exists("/proc/%s" % pid)
+    assert (name, mib, uuid) == ("[Not Found]", "7000 MiB", fakegpu.gpu_uuid(3))
+    assert " %d " % proc.pid not in smi()[1].split("Processes:")[1]
+    assert " %s   [Not Found] " % pid in smi()[1]
+
+
+def test_foreign_memory_counts_in_used_and_against_allocations(state, holder):
+    set_config(state, foreign_mib={"4": 80000, "5": 0})
+    assert smi("--query-gpu=index,memory.used,memory.free,utilization.gpu", "--format=csv,noheader,nounits",
+               "-i", "4,5")[1] == "4, 80000, 1559, 100\n5, 0, 81559, 0\n"
+    assert smi("--query-compute-apps=pid", "--format=csv,noheader")[1] == ""  # no process of ours
+    proc = holder()
+    with pytest.raises(fakegpu.OutOfMemory):
+        fakegpu.allocate(4, 2000, pid=proc.pid)
+    fakegpu.allocate(4, 1500, pid=proc.pid)
+    assert used(4) == 81500
+    assert fakegpu.snapshot()[4]["foreign_mib"] == 80000
+
+
+def test_foreign_holder_under_host_pids(state):
+    set_config(state, passthrough="host_pids", foreign_mib={"6": 12000})
+    out = smi("--query-compute-apps=pid,name,used_memory", "--format=csv,noheader,nounits")[1]
+    assert out == "%d, [Not Found], 12000\n" % (fakegpu.FOREIGN_HOST_PID + 6)
+
+
+def test_passthrough_and_foreign_cli(state):
+    res = fakegpu_cli("config", "--passthrough", "host-pids", "--foreign", "1=300", "--foreign", "2=400")
+    assert res.returncode == 0, res.stderr
+    cfg = fakegpu.load_config()
+    assert (cfg["passthrough"], cfg["foreign_mib"]) == ("host_pids", {"1": 300, "2": 400})
+    assert fakegpu_cli("config", "--foreign", "1=0").returncode == 0
+    assert fakegpu.load_config()["foreign_mib"] == {"2": 400}
+    assert fakegpu_cli("config", "--passthrough", "off", "--clear-foreign").returncode == 0
+    cfg = fakegpu.load_config()
+    assert (cfg["passthrough"], cfg["foreign_mib"]) == (None, {})
+    assert fakegpu_cli("config", "--passthrough", "bogus").returncode == 2
+    set_config(state, passthrough="sometimes")
+    with pytest.raises(ValueError, match="passthrough must be"):
+        fakegpu.load_config()
