@@ -62,5 +62,14 @@ ee: collection
 bench: lab
 	python bench/run.py
 
+# Soak and fleet under fault (issue 7 items 8, 9; bench/README.md): SOAK_CYCLES deploy cycles of good
+# and faulty releases on lab container 240, then a faulty rollout over 240-247 with trainer_serial
+# 1 and 8. Minutes, not seconds: not part of `make test`.
+SOAK_CYCLES ?= 100
+.PHONY: soak
+soak: setup
+	python bench/soak.py --cycles $(SOAK_CYCLES)
+	python bench/fleet_fault.py
+
 clean-lab:
 	python3 lab/lab.py down
