@@ -287,6 +287,8 @@ class _HostState:
                 r.proof = Proof.from_result(job.get("proof"))
             if job.get("log_tail"):
                 r.log_tail = _lines(job.get("log_tail"))
+            if _bool(job.get("restored")) and isinstance(job.get("rollback_proof"), Mapping):
+                r.proof = Proof.from_result(job.get("rollback_proof"))
             if _bool(job.get("rolled_back")):
                 r.rolled_back = True
                 r.release = _str(job.get("rollback_release")) or r.release

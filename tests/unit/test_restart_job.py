@@ -194,3 +194,24 @@ def test_failed_start_is_recorded_too():
     layout = FakeLayout(last_good=None)
     RestartJob(FakeSteps(fail=[("prove", 1, "no progress for 6 s")]), layout).run()
     assert [(e["release"], e["verdict"], e["reason"]) for e in layout.entries] == [("new", "failed", "no progress for 6 s")]
+
+
+def test_a_drain_that_fails_with_nothing_to_roll_back_to_restores_the_release_that_ran():
+    # another tenant's memory on a trainer GPU: the drain gate fails after the stop; the release
+    # that ran beside it is started again (drain gate noted, not enforced) instead of left stopped
+    steps = FakeSteps(fail=[("drain", 1, "GPU memory still held after 60 s: GPU 7 20000 MiB"),
+                            ("drain", 2, "GPU memory still held after 60 s: GPU 7 20000 MiB")])
+    layout = FakeLayout(current="cur", last_good="cur")
+    res = RestartJob(steps, layout).run()
+    assert not res["ok"] and res["restored"] and res["failed_phase"] == "draining"
+    assert steps.calls == ["stop", "drain", "stop", "drain", "purge", "start", "prove"]
+    assert res["outcome"].startswith("Restored: release cur runs again and is proved ready")
+    assert "restore drain gate: GPU memory still held" in res["outcome"]
+    assert layout.events == []
+
+
+def test_the_rollback_does_not_strand_the_last_good_release_on_a_drain_failure():
+    steps = FakeSteps(fail=[("drain", 1, "held"), ("drain", 2, "held")])
+    res = RestartJob(steps, FakeLayout(current="new", last_good="old")).run()
+    assert res["rolled_back"] and "rollback_proof" in res and steps.calls[-2:] == ["start", "prove"]
+    assert res["warnings"] == ["rollback drain gate: held; started anyway (it ran beside that memory before)"]

@@ -1,0 +1,169 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The deploy at field cost (issue 8 item 6): no-op deploy, forced restart and status, with the
+lab's pct answering at once and after a 500 ms start-up per call (Proxmox's pct is a Perl program
+that loads its cluster stack on every call), for dflash.trainer and for the plain-Ansible deploy
+a user has today (bench/plain: copy + template + systemd_service + wait_for over
+community.proxmox.proxmox_pct_remote), side by side in one run.
+
+    python bench/field.py [--reps 3] [--delays 0,0.5]       # make bench-field
+
+Remote calls are counted from each connection's -vvv trace (EXEC, PUT, FETCH). Containers 227
+(ours) and 228 (baseline); the delay is the lab pct's per-container file
+/etc/dflash-lab/pct-delay.<vmid>, removed at the end. Prints a Markdown table and writes
+bench/results/field.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OURS, PLAIN = "227", "228"
+CONF_DIR = os.environ.get("DFLASH_LAB_CONF", "/etc/dflash-lab")
+CALL = re.compile(r"^<[^>]+> (?:PCT )?(EXEC|PUT|FETCH)\b", re.M)
+FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 60,
+        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
+        "trainer_src": os.path.join(ROOT, "examples", "trainer")}
+
+
+def log(msg):
+    sys.stderr.write("field: %s\n" % msg)
+
+
+def lab_facts():
+    with open(os.path.join(os.environ.get("DFLASH_LAB_STATE", "/var/lib/dflash-lab"), "lab.json")) as fh:
+        return json.load(fh)
+
+
+def inventories(work):
+    facts = lab_facts()
+    conn = {"ansible_host": facts["ssh_host"], "ansible_port": facts["ssh_port"], "ansible_user": facts["ssh_user"],
+            "ansible_ssh_private_key_file": facts["ssh_private_key"],
+            "ansible_python_interpreter": "/usr/bin/python3"}
+    ours = dict(conn, ansible_connection="dflash.trainer.pct", ansible_pct_known_hosts_file=facts["known_hosts"])
+    # proxmox_pct_remote (paramiko) reads only ~/.ssh/known_hosts: checking off, for this loopback lab only
+    plain = dict(conn, ansible_connection="community.proxmox.proxmox_pct_remote", ansible_host_key_checking=False,
+                 plain_src=os.path.join(ROOT, "examples", "trainer"))
+    paths = {}
+    for name, vmid, conn_vars in (("ours", OURS, ours), ("plain", PLAIN, plain)):
+        path = os.path.join(work, "%s.json" % name)
+        with open(path, "w") as fh:
+            json.dump({"all": {"hosts": {"%s-%s" % (name, vmid): {"proxmox_vmid": int(vmid)}}, "vars": conn_vars}}, fh)
+        paths[name] = path
+    return paths
+
+
+def play(inventory, playbook, extra=None):
+    """(wall seconds, remote calls, rc, output) of one -vvv ansible-playbook run."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    argv = ["ansible-playbook", "-vvv", "-i", inventory, playbook]
+    if extra:
+        argv += ["-e", json.dumps(extra)]
+    began = time.monotonic()
+    res = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    wall = time.monotonic() - began
+    return wall, len(CALL.findall(res.stdout)), res.returncode, res.stdout
+
+
+def set_delay(vmid, seconds):
+    os.makedirs(CONF_DIR, exist_ok=True)
+    path = os.path.join(CONF_DIR, "pct-delay.%s" % vmid)
+    if seconds:
+        with open(path, "w") as fh:
+            fh.write("%g\n" % seconds)
+    elif os.path.exists(path):
+        os.unlink(path)
+
+
+CASES = (
+    # (what, ours: playbook + extra, plain: playbook + extra)
+    ("no-op deploy", ("deploy.yml", FAST), ("bench/plain/deploy.yml", None)),
+    ("forced restart", ("deploy.yml", dict(FAST, trainer_force_restart=True)),
+     ("bench/plain/deploy.yml", {"plain_restart": True})),
+    ("status", ("playbooks/status.yml", {"trainer_target_hosts": "all"}), ("bench/plain/status.yml", None)),
+)
+
+
+def measure(paths, delays, reps):
+    rows = []
+    for delay in delays:
+        for vmid in (OURS, PLAIN):
+            set_delay(vmid, delay)
+        try:
+            for what, ours, plain in CASES:
+                row = {"case": what, "delay_s": delay}
+                for name, (playbook, extra) in (("ours", ours), ("plain", plain)):
+                    walls, calls = [], []
+                    for _rep in range(reps):
+                        wall, n, rc, out = play(paths[name], os.path.join(ROOT, playbook), extra)
+                        if rc != 0:
+                            raise SystemExit("field: %s %s failed (rc %d):\n%s" % (name, what, rc, out[-3000:]))
+                        walls.append(wall)
+                        calls.append(n)
+                    row[name] = {"wall_min": round(min(walls), 2), "wall_median": round(statistics.median(walls), 2),
+                                 "calls": max(calls)}
+                    log("delay %gs %-15s %-5s median %.2f s, %d remote calls" % (
+                        delay, what, name, row[name]["wall_median"], row[name]["calls"]))
+                row["speedup"] = round(row["plain"]["wall_median"] / row["ours"]["wall_median"], 2)
+                rows.append(row)
+        finally:
+            for vmid in (OURS, PLAIN):
+                set_delay(vmid, 0)
+    return rows
+
+
+TARGETS = {("no-op deploy", 0.0): 3.0, ("no-op deploy", 0.5): 6.0}
+
+
+def table(rows):
+    out = ["| case | pct delay | ours: median (min) | ours: remote calls | plain Ansible: median (min) | "
+           "plain: remote calls | plain / ours | target |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        target = TARGETS.get((r["case"], r["delay_s"]))
+        words = []
+        if target is not None:
+            words.append("ours ≤ %g s: %s" % (target, "met" if r["ours"]["wall_median"] <= target else "MISSED"))
+        if r["case"] == "no-op deploy" and r["delay_s"] >= 0.5:
+            words.append("≥ 4×: %s" % ("met" if r["speedup"] >= 4 else "MISSED"))
+        out.append("| %s | %g s | %.2f s (%.2f) | %d | %.2f s (%.2f) | %d | %.2f× | %s |" % (
+            r["case"], r["delay_s"], r["ours"]["wall_median"], r["ours"]["wall_min"], r["ours"]["calls"],
+            r["plain"]["wall_median"], r["plain"]["wall_min"], r["plain"]["calls"], r["speedup"],
+            "; ".join(words)))
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--delays", default="0,0.5", help="pct start-up delays to model, seconds (comma list)")
+    args = p.parse_args(argv)
+    delays = [float(d) for d in args.delays.split(",") if d.strip()]
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", OURS, PLAIN], check=True,
+                   stdout=subprocess.DEVNULL)
+    work = os.path.join(ROOT, "bench", "results")
+    os.makedirs(work, exist_ok=True)
+    paths = inventories(work)
+    log("first deploys (not timed)")
+    for name, playbook, extra in (("ours", "deploy.yml", FAST), ("plain", "bench/plain/deploy.yml", None)):
+        _wall, _n, rc, out = play(paths[name], os.path.join(ROOT, playbook), extra)
+        if rc != 0:
+            raise SystemExit("field: first %s deploy failed:\n%s" % (name, out[-3000:]))
+    rows = measure(paths, delays, args.reps)
+    text = table(rows)
+    print(text)
+    with open(os.path.join(work, "field.json"), "w") as fh:
+        json.dump({"reps": args.reps, "delays": delays, "rows": rows,
+                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
