@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CT = "219"
 STATE = "/run/dflash-trainer/restart.json"
 LOCK = "/run/dflash-trainer.deploy.lock"
+DELAY_DIR = os.environ.get("DFLASH_LAB_CONF", "/etc/dflash-lab")
 FAST = {"trainer_ready_hold_s": 4, "trainer_ready_stall_s": 4, "trainer_ready_timeout_s": 40,
         "trainer_env": {"DFLASH_FAKE_STARTUP_S": "1.0"}, "trainer_target_hosts": "all",
         "trainer_lock_lease_s": 15, "trainer_lock_wait_s": 60}
@@ -103,6 +104,11 @@ def interrupt(lab, inv_path, src, when, how="sigkill", extra=None):
             os.killpg(proc.pid, signal.SIGKILL)
         elif how == "sigint":
             os.killpg(proc.pid, signal.SIGINT)
+        elif how == "pct-hang":  # pct stops answering (the lab pct's per-container delay), then the play is killed
+            with open(os.path.join(DELAY_DIR, "pct-delay.%s" % CT), "w") as fh:
+                fh.write("3600\n")
+            time.sleep(3)  # the controller's next call is now stuck in pct
+            os.killpg(proc.pid, signal.SIGKILL)
         else:  # cut the ssh connection: every sshd session serving the play
             subprocess.run(["pkill", "-KILL", "-f", "sshd: %s@" % lab.user], check=False)
         proc.wait(timeout=60)
@@ -111,6 +117,9 @@ def interrupt(lab, inv_path, src, when, how="sigkill", extra=None):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        if how == "pct-hang":
+            os.unlink(os.path.join(DELAY_DIR, "pct-delay.%s" % CT))
+            subprocess.run(["pkill", "-KILL", "-f", "pct exec %s " % CT], check=False)  # the hung calls
     return hit
 
 
@@ -141,6 +150,7 @@ def lock_free(lab):
     (("draining", "purging"), "sigkill"),   # between the stop and the start
     (("proving",), "sigkill"),
     (("proving",), "ssh"),                  # the connection drops during the proof
+    (("proving",), "pct-hang"),             # pct hangs during the proof
     (("starting", "proving"), "sigint"),
 ])
 def test_interrupted_restart_finishes_on_the_target(lab, inv, phase, how):
