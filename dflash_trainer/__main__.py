@@ -1,8 +1,15 @@
-"""dflash-trainer (python -m dflash_trainer) deploy|status|restart|rollback|history [-l HOST] [-i INVENTORY]
-[-e k=v]... [--json]
+"""dflash-trainer (python -m dflash_trainer) deploy|status|restart|rollback|history|logs [-l HOST]
+[-i INVENTORY] [-e k=v]... [--check] [--diff] [--json] [-q]
+dflash-trainer logs -l HOST [-n 20] [-f] [--start INVOCATION]
+
+While a play runs, stderr says what it does (`step: <task>`, the restart job's phase); at the end
+stdout has each host's report, the diffs (--diff) and a summary table (deploy, restart, rollback).
+--json prints the RunResult instead (RunResult.from_dict reads it back). logs prints this start's
+last lines (-n), -f follows them until Ctrl-C or SIGTERM.
 
 Exit status: 0 when every host is ok, 1 when the run or a host failed (a run that matches no
-host included), 2 on a usage error.
+host included, a play stopped by Ctrl-C / SIGTERM), 2 on a usage error; logs -f stopped by
+Ctrl-C / SIGTERM: 0.
 -e takes what ansible-playbook's -e takes: key=value (value a string), a JSON object, @file (YAML/JSON).
 Configuration and inventory are the caller's, as for ansible-playbook run from the checkout:
 $ANSIBLE_CONFIG when set (else the checkout's ansible.cfg), -i when given (else that
@@ -13,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 from typing import Optional
 
-from . import api
-from .results import HostResult, RunResult
+from . import api, progress
+from .results import HostResult, RunResult, TrainerLog
 
 
 def parse_extravar(text: str) -> dict:
@@ -88,19 +96,94 @@ def describe(result: RunResult, limit: Optional[str] = None) -> str:
     return "\n".join(lines)
 
 
+class Stop:
+    """Set by Ctrl-C (SIGINT) or SIGTERM: the running play is cancelled (ansible-runner's
+    cancel_callback) and the CLI ends cleanly. A second signal ends it at once."""
+
+    def __init__(self):
+        self.signal: Optional[int] = None
+        self._previous: dict = {}
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    def handle(self, signum, _frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def install(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def uninstall(self):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+
+def print_log(host: str, log: TrainerLog, many: bool, as_json: bool, out=None) -> None:
+    out = out or sys.stdout
+    if as_json:
+        out.write(json.dumps(dict(host=host, **log.__dict__), sort_keys=True) + "\n")
+    else:
+        prefix = "%s | " % host if many else ""
+        for line in log.lines:
+            out.write(prefix + line + "\n")
+        if log.problem and not log.lines:
+            sys.stderr.write("%s: %s\n" % (host, log.problem))
+        if log.ended:
+            sys.stderr.write("%s: start %s ended (the trainer started again)\n" % (host, log.invocation))
+    out.flush()
+
+
+def run_logs(args, kwargs, stop: Stop) -> int:
+    lines = 20 if args.count is None else args.count
+    if not args.follow:
+        result = api.logs(lines=lines, invocation=args.start, cancel=stop, **kwargs)
+        many = len(result.hosts) > 1
+        for host, h in result.hosts.items():
+            if h.log is not None:
+                print_log(host, h.log, many, args.json)
+        if not result.ok:
+            print(describe(result, args.limit), file=sys.stderr)
+        return 0 if result.ok else 1
+    seen: set = set()
+
+    def on_lines(host, log):
+        seen.add(host)
+        print_log(host, log, len(seen) > 1 or bool(args.limit and "," in args.limit), args.json)
+
+    kwargs.pop("timeout", None)
+    result = api.follow_logs(on_lines, lines=lines, invocation=args.start, stop=stop, **kwargs)
+    if stop():
+        return 0
+    print(describe(result, args.limit), file=sys.stderr)
+    return 0 if result.ok else 1
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash_trainer",
+    parser = argparse.ArgumentParser(prog="dflash-trainer",
                                      description="Run the dflash.trainer playbooks and report typed per-host results.")
     parser.add_argument("action", choices=sorted(api.PLAYBOOKS))
     parser.add_argument("-l", "--limit", help="host pattern (ansible-playbook -l)")
     parser.add_argument("-i", "--inventory",
                         help="inventory path or host list (default: the configured inventory, as ansible-playbook)")
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
-                        help="key=value, a JSON object or @file; repeatable")
+                        help="key=value (shell-style words), a JSON object or @file; repeatable")
     parser.add_argument("--release", help="rollback: the release to switch to (default: the last good one)")
-    parser.add_argument("-n", "--count", type=int, help="history: how many releases (default 10)")
+    parser.add_argument("-n", "--count", type=int,
+                        help="history: how many releases (default 10); logs: how many lines (default 20)")
+    parser.add_argument("-f", "--follow", action="store_true", help="logs: follow the log (Ctrl-C stops)")
+    parser.add_argument("--start", metavar="INVOCATION",
+                        help="logs: the start (invocation id, as in the log's marker lines) to read; default this one")
+    parser.add_argument("-C", "--check", action="store_true", help="ansible-playbook --check: change nothing")
+    parser.add_argument("-D", "--diff", action="store_true",
+                        help="ansible-playbook --diff: the release's files, the unit and environment file changes")
     parser.add_argument("--timeout", type=int, help="seconds for the whole run")
     parser.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
 
     extravars: dict = {}
@@ -111,19 +194,42 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(str(e))
     if args.release and args.action != "rollback":
         parser.error("--release only goes with rollback")
+    if (args.follow or args.start) and args.action != "logs":
+        parser.error("-f and --start only go with logs")
+    if args.count is not None and args.action not in ("history", "logs"):
+        parser.error("-n only goes with history and logs")
 
+    stop = Stop().install()
+    try:
+        return run(args, extravars, stop)
+    finally:
+        stop.uninstall()
+
+
+def run(args, extravars: dict, stop: Stop) -> int:
     kwargs = dict(limit=args.limit, inventory=args.inventory, extravars=extravars, timeout=args.timeout)
-    if args.action == "rollback":
-        result = api.rollback(release=args.release, **kwargs)
-    elif args.action == "history":
-        result = api.history(count=args.count, **kwargs)
-    else:
-        result = getattr(api, args.action)(**kwargs)
+    if args.action == "logs":
+        return run_logs(args, kwargs, stop)
+    if args.action == "rollback" and args.release:
+        extravars["trainer_rollback_release"] = args.release
+    if args.action == "history" and args.count:
+        extravars["trainer_history_count"] = int(args.count)
+    watcher = None if args.quiet else progress.Progress(sys.stderr)
+    result = api.run_playbook_live(args.action, check=args.check, diff=args.diff, on_event=watcher, cancel=stop,
+                                   **kwargs)
 
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
+        if stop():
+            print("stopped by %s: the play was cancelled (a restart job already started goes on on the target; "
+                  "`dflash-trainer status` reports it)" % signal.Signals(stop.signal).name, file=sys.stderr)
         print(describe(result, args.limit))
+        diffs = progress.diffs_text(result)
+        if diffs:
+            print(diffs)
+        if args.action in ("deploy", "restart", "rollback") and result.hosts:
+            progress.print_summary(result)
     return 0 if result.ok else 1
 
 

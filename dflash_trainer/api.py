@@ -35,7 +35,8 @@ from typing import Any, Mapping, Optional, Tuple, Union
 
 from .results import RunResult, build_run_result
 
-__all__ = ["REPO_ROOT", "PLAYBOOKS", "collection_root", "find_collection", "run_playbook", "deploy", "status", "restart", "rollback", "history"]
+__all__ = ["REPO_ROOT", "PLAYBOOKS", "collection_root", "find_collection", "run_playbook", "deploy", "status", "restart", "rollback", "history",
+           "run_playbook_live", "logs", "follow_logs"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYBOOKS = {
@@ -44,6 +45,7 @@ PLAYBOOKS = {
     "restart": os.path.join("playbooks", "restart.yml"),
     "rollback": os.path.join("playbooks", "rollback.yml"),
     "history": os.path.join("playbooks", "history.yml"),
+    "logs": os.path.join("playbooks", "logs.yml"),
 }
 
 Inventory = Union[str, list, dict, None]
@@ -248,3 +250,102 @@ def rollback(release: Optional[str] = None, limit: Optional[str] = None, invento
         extra["trainer_rollback_release"] = release
     return run_playbook("rollback", limit=limit, inventory=inventory, extravars=extra, project_dir=project_dir,
                         private_data_dir=private_data_dir, timeout=timeout)
+
+
+# --- runs that show their work (the CLI): live events, --check / --diff, cancel; logs -------------
+
+def run_playbook_live(playbook: str, *, limit: Optional[str] = None, inventory: Inventory = None,
+                      extravars: Optional[Mapping[str, Any]] = None, project_dir: Optional[str] = None,
+                      private_data_dir: Optional[str] = None, timeout: Optional[int] = None,
+                      check: bool = False, diff: bool = False, on_event=None, cancel=None) -> RunResult:
+    """run_playbook, plus: on_event(event) called with each runner event as it happens (task
+    starts, results, retries), check / diff passed to ansible-playbook (--check, --diff), and
+    cancel() polled while the play runs - True stops it (runner status `canceled`)."""
+    import ansible_runner
+
+    own_pdd = private_data_dir is None
+    pdd = tempfile.mkdtemp(prefix="dflash-runner-") if own_pdd else os.path.abspath(private_data_dir)
+    events: list[dict] = []
+
+    def keep(event: dict) -> bool:
+        events.append(event)
+        if on_event is not None:
+            on_event(event)
+        return True
+
+    kwargs = runner_kwargs(playbook, limit=limit, inventory=inventory, extravars=extravars,
+                           project_dir=project_dir, private_data_dir=pdd, timeout=timeout)
+    flags = [flag for flag, on in (("--check", check), ("--diff", diff)) if on]
+    if flags:
+        kwargs["cmdline"] = " ".join(flags)
+    if cancel is not None:
+        kwargs["cancel_callback"] = cancel
+    try:
+        runner = ansible_runner.run(event_handler=keep, **kwargs)
+        return build_run_result(events, rc=runner.rc, status=runner.status)
+    finally:
+        if own_pdd:
+            shutil.rmtree(pdd, ignore_errors=True)
+        else:
+            for name in ("extravars", "cmdline"):
+                try:
+                    os.unlink(os.path.join(pdd, "env", name))
+                except OSError:
+                    pass
+
+
+def logs_extravars(extravars: Optional[Mapping[str, Any]] = None, lines: int = 20, invocation: Optional[str] = None,
+                   positions: Optional[Mapping[str, Any]] = None, wait_s: float = 0) -> dict:
+    """The extra vars of playbooks/logs.yml: the last LINES of this start's log (or of the start
+    INVOCATION); for each host in POSITIONS (host -> a TrainerLog of an earlier read) the lines
+    after it instead, waiting up to WAIT_S for some."""
+    extra = dict(extravars or {})
+    extra["trainer_log_lines"] = int(lines)
+    if invocation:
+        extra["trainer_log_invocation"] = invocation
+    follow = dict((host, dict(offset=p.offset, inode=p.inode, invocation=p.invocation))
+                  for host, p in (positions or {}).items() if p is not None and p.inode is not None)
+    if follow:
+        extra.update(trainer_log_follow=follow, trainer_log_wait_s=wait_s)
+    return extra
+
+
+def logs(limit: Optional[str] = None, inventory: Inventory = None, extravars: Optional[Mapping[str, Any]] = None,
+         project_dir: Optional[str] = None, private_data_dir: Optional[str] = None, timeout: Optional[int] = None,
+         lines: int = 20, invocation: Optional[str] = None, positions: Optional[Mapping[str, Any]] = None,
+         wait_s: float = 0, cancel=None) -> RunResult:
+    """playbooks/logs.yml: read-only; each host's `log` (a TrainerLog) holds the last LINES of this
+    start's log (or of the start INVOCATION), read from where the start begins; for a host in
+    POSITIONS (host -> its TrainerLog of an earlier read) the lines appended since, after waiting
+    up to WAIT_S for some."""
+    return run_playbook_live("logs", limit=limit, inventory=inventory, project_dir=project_dir,
+                             private_data_dir=private_data_dir, timeout=timeout, cancel=cancel,
+                             extravars=logs_extravars(extravars, lines, invocation, positions, wait_s))
+
+
+def follow_logs(on_lines, limit: Optional[str] = None, inventory: Inventory = None,
+                extravars: Optional[Mapping[str, Any]] = None, project_dir: Optional[str] = None,
+                lines: int = 20, invocation: Optional[str] = None, wait_s: float = 2,
+                stop=lambda: False, read=None) -> RunResult:
+    """logs -f: the last LINES, then the lines appended since - one playbook run per batch, each a
+    long poll of up to WAIT_S on the targets - until stop() is true or a run fails.
+
+    on_lines(host, TrainerLog) gets each batch. A start that ends (the trainer restarted) is
+    followed into the next start, unless INVOCATION names the one to read. read: logs() (the unit
+    tests replace it). Returns the last run's RunResult."""
+    read = logs if read is None else read
+    positions: dict = {}
+    while True:
+        result = read(limit=limit, inventory=inventory, extravars=extravars, project_dir=project_dir, lines=lines,
+                      invocation=invocation, positions=positions, wait_s=wait_s, cancel=stop)
+        if not result.ok or stop():
+            for host, h in result.hosts.items():
+                if h.log is not None and h.log.lines and result.ok:
+                    on_lines(host, h.log)
+            return result
+        for host, h in result.hosts.items():
+            if h.log is None:
+                continue
+            on_lines(host, h.log)
+            # an ended start: the next read takes the new start's last lines
+            positions[host] = None if h.log.ended and not invocation else h.log

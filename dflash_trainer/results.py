@@ -21,6 +21,11 @@ Where each field comes from (per host):
 - log_tail: `log_tail` of the last failed trainer_ready.
 - status: the last `dflash.trainer.trainer_status` result (for a deploy that restarted, the
   read right after the stop; run `status()` for the state afterwards).
+- log: `log` of the last trainer_status result that read the log (playbooks/logs.yml).
+- diffs: every task result's `diff` (diff mode: `--diff`), in order, each with its task's name.
+
+`RunResult.from_dict(result.to_dict())` gives the result back (JSON included: GPU indices that
+json.dumps made strings become ints again).
 """
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
-__all__ = ["Proof", "TrainerStatus", "HostResult", "RunResult", "build_run_result", "build_host_results"]
+__all__ = ["Proof", "TrainerStatus", "TrainerLog", "HostResult", "RunResult", "build_run_result",
+           "build_host_results"]
 
 COLLECTION = "dflash.trainer"
 _RESULT_EVENTS = {
@@ -167,6 +173,41 @@ class TrainerStatus:
                    last_job=dict(res["last_job"]) if isinstance(res.get("last_job"), Mapping) else None)
 
 
+@dataclass(frozen=True)
+class TrainerLog:
+    """A start's log as `trainer_status` read it (log_lines / log_offset): its lines, and the offset
+    and inode a follower passes back for the lines after them."""
+    invocation: Optional[str] = None
+    release: Optional[str] = None
+    lines: list = field(default_factory=list)
+    offset: Optional[int] = None
+    inode: Optional[int] = None
+    ended: bool = False
+    found: bool = False
+    problem: Optional[str] = None
+
+    @classmethod
+    def from_result(cls, log: Any) -> Optional["TrainerLog"]:
+        if not isinstance(log, Mapping):
+            return None
+        return cls(invocation=_str(log.get("invocation")), release=_str(log.get("release")),
+                   lines=_lines(log.get("lines")), offset=_int(log.get("offset")), inode=_int(log.get("inode")),
+                   ended=bool(_bool(log.get("ended"))), found=bool(_bool(log.get("found"))),
+                   problem=_str(log.get("problem")))
+
+
+def _diffs(task: Optional[str], value: Any) -> list[dict]:
+    """Ansible's `diff` of a result (a dict or a list of them) as [{task, prepared | before/after...}]."""
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, Mapping) and any(item.get(k) for k in ("prepared", "before", "after")):
+            d = dict((k, _str(item.get(k))) for k in ("prepared", "before", "after", "before_header", "after_header")
+                     if item.get(k) is not None)
+            out.append(dict(task=task, **d))
+    return out
+
+
 @dataclass
 class HostResult:
     host: str
@@ -185,6 +226,19 @@ class HostResult:
     # (words, median, previous_release, previous_median, change_pct, best_median)
     figures: Optional[dict] = None
     comparison: Optional[dict] = None
+    log: Optional[TrainerLog] = None
+    diffs: list = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "HostResult":
+        """The inverse of dataclasses.asdict (and of its JSON)."""
+        data = _mapping(data)
+        names = set(f.name for f in dataclasses.fields(cls))
+        kw = dict((k, v) for k, v in data.items() if k in names)
+        kw["proof"] = Proof.from_result(data.get("proof"))
+        kw["status"] = TrainerStatus.from_result(data.get("status"))
+        kw["log"] = TrainerLog.from_result(data.get("log"))
+        return cls(**kw)
 
 
 @dataclass
@@ -198,6 +252,14 @@ class RunResult:
     def to_dict(self) -> dict:
         """JSON-ready (GPU indices stay ints; json.dumps makes them strings)."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "RunResult":
+        """A RunResult from to_dict() or its JSON (the CLI's --json)."""
+        data = _mapping(data)
+        return cls(ok=bool(data.get("ok")), rc=_int(data.get("rc")), status=_str(data.get("status")),
+                   hosts=dict((h, HostResult.from_dict(r)) for h, r in _mapping(data.get("hosts")).items()),
+                   stats=dict((k, dict(v)) for k, v in _mapping(data.get("stats")).items()))
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -268,6 +330,8 @@ class _HostState:
         # a loop's aggregate result repeats its items (seen as runner_item_on_* events)
         if not is_item and isinstance(res.get("results"), list):
             return
+        if res.get("diff"):
+            r.diffs.extend(_diffs(task, res.get("diff")))
         action = _action(event_data)
         if _is(action, "trainer_ready"):
             if kind == "ok" and isinstance(res.get("proof"), Mapping):
@@ -298,6 +362,8 @@ class _HostState:
                     r.proof = Proof.from_result(job.get("rollback_proof"))
         elif _is(action, "trainer_status") and kind == "ok":
             r.status = TrainerStatus.from_result(res)
+            if isinstance(res.get("log"), Mapping):
+                r.log = TrainerLog.from_result(res.get("log"))
         elif _is(action, "trainer_start") and kind == "ok":
             if not _bool(res.get("skipped")) and res.get("started", True) is not False:
                 r.restarted = True

@@ -10,6 +10,8 @@ release (the one it answered in base / have) lacks, or the full tree when there 
 create the remote tmp dir, put the archive there (one transfer), run the module again with
 archive= (and base=), clean up. Should the base fail the target's checks (vanished, a file not
 matching its sha256), send the full archive once more (delta: false).
+In diff mode the first answer also carries the current release's manifest (base_manifest): the
+result's diff lists the files of src that the switch adds, removes and modifies (release_diff).
 Every other call goes to the module unchanged.
 """
 from __future__ import annotations
@@ -28,6 +30,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     ReleaseError,
     build_archive,
     delta_counts,
+    parse_manifest,
+    release_diff,
     scan_tree,
 )
 
@@ -38,7 +42,7 @@ MODULE = "dflash.trainer.trainer_release"
 INLINE_ARCHIVE_MAX = 1024 * 1024
 
 # keys of the module's needs_archive answer that never reach the task result
-_PROTOCOL_KEYS = ("needs_archive", "have")
+_PROTOCOL_KEYS = ("needs_archive", "have", "base_manifest")
 
 
 class ActionModule(ActionBase):
@@ -93,6 +97,7 @@ class ActionModule(ActionBase):
             first = self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
             if first.get("failed") or not first.get("needs_archive"):
                 return self._finish(result, first, tree)
+            diff = self._diff(first, scan) if self._task.diff else None
             base = first.get("base")
             have = first.get("have") if base else None
             if base and not isinstance(have, list):
@@ -109,6 +114,8 @@ class ActionModule(ActionBase):
                 result.update(changed=True, transferred=True, switched=previous != scan.release_id,
                               current=scan.release_id, delta=base is not None, base=base,
                               sent_files=sent[0], reused_files=sent[1])
+                if diff is not None:
+                    result["diff"] = diff
                 return result
 
             second = self._send(scan, src_path, module_args, task_vars, base, have, tree, result)
@@ -121,9 +128,24 @@ class ActionModule(ActionBase):
                 second = self._send(scan, src_path, module_args, task_vars, None, None, tree, result)
                 if second is None:
                     return result
-            return self._finish(result, second, tree)
+            self._finish(result, second, tree)
+            if diff is not None and not result.get("failed"):
+                result["diff"] = diff
+            return result
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
+
+    @staticmethod
+    def _diff(answer, scan):
+        """The diff of switching from the target's current release (its manifest in the module's
+        answer) to the tree scanned here."""
+        items = answer.get("base_manifest")
+        try:
+            before = parse_manifest(items, "manifest of release %s" % answer.get("current")) if items else None
+        except ReleaseError as e:
+            display.warning("trainer_release: no diff: %s" % to_native(e))
+            return None
+        return release_diff(before, scan.entries, answer.get("current"), scan.release_id)
 
     def _build(self, scan, src_path, have, tree, result):
         """Build the archive (a delta when have is not None) into a local temp file.

@@ -126,7 +126,13 @@ attributes:
     support: full
     details: Reports what would be transferred, switched and pruned without transferring or writing.
   diff_mode:
-    support: none
+    support: full
+    details:
+      - Lists the files the release adds (C(+ path (size))), removes (C(- path)) and modifies
+        (C(M path (old size → new size))) against the release C(current) points at, as Ansible's
+        prepared diff - with O(state=present) (also in check mode) and O(state=rollback).
+      - The action plugin compares the tree of O(src) with the manifest of the current release, which
+        the module returns (only in diff mode) with its answer that it needs an archive.
   platform:
     platforms: posix
 notes:
@@ -205,6 +211,13 @@ have:
   returned: with needs_archive
   type: list
   elements: str
+base_manifest:
+  description:
+    - The manifest of the release C(current) points at (V(null) when there is none or it records none),
+      for the action plugin's diff. It never shows up in the action plugin's result.
+  returned: with needs_archive, in diff mode
+  type: list
+  elements: list
 delta:
   description: Whether the release was (or would be) installed from a delta archive.
   returned: when a release was (or would be) installed
@@ -313,6 +326,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     extract_archive_entries,
     extract_delta,
     fsync_dir,
+    release_diff,
     hash_entries,
     manifest_items,
     order_newest_first,
@@ -414,6 +428,12 @@ def install_release(root, rid, archive, base=None):
 # ---------------------------------------------------------------------------------------------
 # states
 
+def switch_diff(root, previous, rid):
+    """Ansible's diff of switching current from previous to rid (both complete releases)."""
+    before = read_manifest(root, previous) if previous else None
+    return release_diff(before, read_manifest(root, rid) or [], previous, rid)
+
+
 def _present(params, check_mode):
     root = params["root"]
     rid = validate_id(params.get("release"))
@@ -439,10 +459,16 @@ def _present(params, check_mode):
         delta_from, have = delta_base(root, previous)
         result.update(needs_archive=True, current=previous, base=delta_from, have=have,
                       releases=order_newest_first(list_releases(root)))
+        if params.get("_diff"):  # the action plugin diffs the new tree against it
+            manifest = read_manifest(root, previous) if previous else None
+            result["base_manifest"] = None if manifest is None else manifest_items(manifest)
         return result
     if not complete and not os.path.isfile(archive):
         raise ReleaseModuleError("Unable to install release %s: archive %s does not exist on the target"
                                  % (rid, archive))
+
+    if params.get("_diff") and complete and previous != rid:
+        result["diff"] = switch_diff(root, previous, rid)
 
     if check_mode:
         releases = list_releases(root)
@@ -505,11 +531,15 @@ def _rollback(params, check_mode):
                                      % (rid, root, os.path.join(release_path(root, rid), MARKER_NAME)))
     previous = read_current(root)
     switched = previous != rid
+    diff = switch_diff(root, previous, rid) if params.get("_diff") and switched else None
     if switched and not check_mode:
         with _Lock(root):
             switch_current(root, rid)
-    return dict(changed=switched, release=rid, previous=previous, switched=switched,
-                current=rid, last_good=last_good, releases=order_newest_first(list_releases(root)))
+    result = dict(changed=switched, release=rid, previous=previous, switched=switched,
+                  current=rid, last_good=last_good, releases=order_newest_first(list_releases(root)))
+    if diff is not None:
+        result["diff"] = diff
+    return result
 
 
 def _mark_good(params, check_mode):
@@ -607,14 +637,15 @@ def _with_inline_archive(params, check_mode):
             pass
 
 
-def run(params, check_mode=False):
-    """All of the module's behaviour, callable without Ansible. Raises ReleaseModuleError."""
+def run(params, check_mode=False, diff=False):
+    """All of the module's behaviour, callable without Ansible. Raises ReleaseModuleError.
+    diff: Ansible's diff mode (a ``diff`` of the files a switch changes)."""
     if params.get("src"):
         raise ReleaseModuleError(
             "src is read on the controller by the dflash.trainer.trainer_release action plugin; "
             "the module on the target takes release= (and archive=)")
     root = os.path.abspath(params["root"])
-    params = dict(params, root=root)
+    params = dict(params, root=root, _diff=bool(diff))
     if params.get("verify") and (params.get("state") or "present") != "query":
         raise ReleaseModuleError("verify is only valid with state=query")
     if params.get("archive_b64"):
@@ -641,7 +672,7 @@ def main():
         supports_check_mode=True,
     )
     try:
-        result = run(module.params, module.check_mode)
+        result = run(module.params, module.check_mode, module._diff)
     except ReleaseModuleError as e:
         module.fail_json(msg=e.msg, **e.result)
     except OSError as e:

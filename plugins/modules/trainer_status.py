@@ -36,6 +36,33 @@ options:
     description: Return the last this-many entries of the release ledger (C(<trainer_root>/ledger.json)) in RV(history).
     type: int
     default: 0
+  log_lines:
+    description:
+      - Return the last this-many lines of a start's log in RV(log) (V(0) - none). Read from where the
+        start begins (the launcher's sidecar C(<log>.start)), at most 1 MiB from the end of the file.
+      - Needs O(log_path).
+    type: int
+    default: 0
+  log_invocation:
+    description:
+      - The start whose log O(log_lines) or O(log_offset) reads (its invocation id, as in the log's marker
+        lines). Default - the unit's current invocation, else the last start the launcher recorded.
+    type: str
+  log_offset:
+    description:
+      - Follow a log - return in RV(log) the complete lines of the start appended since this byte offset
+        (RV(log.offset) of an earlier call) instead of the last O(log_lines). Goes with O(log_inode); a log
+        rotated meanwhile is finished in C(<log>.1), then read from the start's marker in the new file.
+    type: int
+  log_inode:
+    description: The inode RV(log.inode) of the call that returned O(log_offset).
+    type: int
+  log_wait_s:
+    description:
+      - With O(log_offset), wait up to this long for new lines (checking every 0.25 s) before returning
+        none - a long poll, so that a follower costs one call per batch of lines.
+    type: float
+    default: 0
   nvidia_smi:
     description:
       - Name (looked up in E(PATH)) or absolute path of nvidia-smi. When it is missing or fails,
@@ -68,6 +95,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+log:
+  description:
+    - A start's log (O(log_lines), O(log_offset)) - invocation, release, lines, offset and inode to follow
+      from (O(log_offset), O(log_inode) of the next call), ended (a later start followed it), found (the
+      log holds a marker of the start), problem (why nothing could be read).
+  returned: when O(log_lines) > 0 or O(log_offset) is given
+  type: dict
+  sample: {"invocation": "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70", "release": "0123456789abcdef",
+           "lines": ["step=41 loss=2.10 tok/s=10250.3 queue_target=4 queue_drafter=4"],
+           "offset": 18734, "inode": 393242, "ended": false, "found": true, "problem": null}
 history:
   description:
     - The release ledger's last O(history) entries, newest first - release, at, verdict, reason, median, p10,
@@ -219,6 +256,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
@@ -289,6 +327,23 @@ def read_log(path, invocation_id):
                       tail_bytes=LOG_TAIL_BYTES)
 
 
+def read_log_chunk(p, unit_invocation, clock=time.monotonic, sleep=time.sleep):
+    """RV(log): the last O(log_lines) lines of a start, or (O(log_offset)) those appended since,
+    waiting up to O(log_wait_s) for some."""
+    invocation = p["log_invocation"] or default_invocation(unit_invocation, p["log_path"])
+    if not invocation:
+        return dict(invocation=None, release=None, lines=[], offset=0, inode=None, ended=False, found=False,
+                    problem="no start of the trainer recorded in %s" % p["log_path"])
+    following = p["log_offset"] is not None
+    deadline = clock() + (max(p["log_wait_s"] or 0, 0) if following else 0)
+    chunk = read_log_lines(p["log_path"], invocation, lines=p["log_lines"], offset=p["log_offset"],
+                           inode=p["log_inode"])
+    while following and not chunk.lines and not chunk.ended and clock() < deadline:
+        sleep(0.25)
+        chunk = read_log_lines(p["log_path"], invocation, offset=chunk.offset, inode=chunk.inode)
+    return chunk.as_dict()
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -298,10 +353,18 @@ def main():
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             job_state_path=dict(type="path"),
             history=dict(type="int", default=0),
+            log_lines=dict(type="int", default=0),
+            log_invocation=dict(type="str"),
+            log_offset=dict(type="int"),
+            log_inode=dict(type="int"),
+            log_wait_s=dict(type="float", default=0),
         ),
+        required_together=[("log_offset", "log_inode")],
         supports_check_mode=True,
     )
     p = module.params
+    if (p["log_lines"] > 0 or p["log_offset"] is not None) and not p["log_path"]:
+        module.fail_json(msg="log_lines and log_offset read the log: log_path is required")
     systemctl = module.get_bin_path("systemctl", required=True)
     run = ModuleRunner(module)  # each command bounded: 30 s
     rc, out, err = run.or_fail(show_argv(p["unit"], systemctl=systemctl))
@@ -356,6 +419,9 @@ def main():
                               step=analysis.last_step)
                 if running and not result["running_release"] and result["log_release"]:
                     result.update(running_release=result["log_release"], running_release_source="log marker")
+
+    if p["log_lines"] > 0 or p["log_offset"] is not None:
+        result["log"] = read_log_chunk(p, invocation)
 
     if p["trainer_root"]:
         current = os.path.join(p["trainer_root"], "current")

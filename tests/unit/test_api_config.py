@@ -81,7 +81,7 @@ def test_cli_without_i_leaves_the_inventory_to_the_configuration(monkeypatch, ca
         seen.update(kw, playbook=playbook)
         return api.RunResult(ok=False, rc=2, status="failed")
 
-    monkeypatch.setattr(api, "run_playbook", fake_run_playbook)
+    monkeypatch.setattr(api, "run_playbook_live", fake_run_playbook)  # the CLI's runs show progress
     assert main(["status", "-l", "typo"]) == 1
     assert seen["playbook"] == "status" and seen["inventory"] is None and seen["limit"] == "typo"
     out = capsys.readouterr().out

@@ -207,14 +207,11 @@ def test_rollback_passes_the_release(monkeypatch):
 def test_cli(monkeypatch, capsys):
     calls = []
 
-    def fake(name):
-        def run(**kw):
-            calls.append((name, kw))
-            return build("deploy_ready_failed_rolled_back", rc=2, status="failed")
-        return run
+    def run(name, **kw):  # the CLI runs every playbook through run_playbook_live (progress, --check, --diff)
+        calls.append((name, kw))
+        return build("deploy_ready_failed_rolled_back", rc=2, status="failed")
 
-    for name in api.PLAYBOOKS:
-        monkeypatch.setattr(api, name, fake(name))
+    monkeypatch.setattr(api, "run_playbook_live", run)
     assert main(["deploy", "-l", "gpu-host", "-e", "trainer_force_restart=true", "-e", '{"trainer_gpus": [0, 1]}']) == 1
     name, kw = calls[-1]
     assert name == "deploy" and kw["limit"] == "gpu-host"
@@ -222,7 +219,7 @@ def test_cli(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "gpu-host: FAILED" in out and "rolled back" in out and "ModuleNotFoundError" in out
     assert main(["rollback", "-l", "gpu-host", "--release", GOOD, "--json"]) == 1
-    assert calls[-1][1]["release"] == GOOD
+    assert calls[-1][1]["extravars"]["trainer_rollback_release"] == GOOD
     assert json.loads(capsys.readouterr().out)["hosts"]["gpu-host"]["release"] == GOOD
     with pytest.raises(SystemExit):
         main(["status", "--release", GOOD])

@@ -1,0 +1,295 @@
+"""The CLI that shows its work (issue 9 items 4-6), without the lab: --json round-trips into the
+typed result, progress lines from runner events, --check/--diff reach ansible-playbook, logs and
+logs -f (a fake reader), the summary table, diffs collected from results, the module's long poll."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+
+import pytest
+
+from dflash_trainer import api, progress
+from dflash_trainer.__main__ import Stop, main
+from dflash_trainer.results import RunResult, TrainerLog, build_run_result
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "runner_events")
+
+
+def events(name):
+    with open(os.path.join(FIXTURES, name + ".json")) as fh:
+        return json.load(fh)
+
+
+def ok_stats(*hosts):
+    return {"event": "playbook_on_stats", "event_data": {
+        "ok": {h: 3 for h in hosts}, "changed": {}, "failures": {}, "dark": {}, "skipped": {}, "rescued": {},
+        "ignored": {}, "processed": {h: 1 for h in hosts}}}
+
+
+def log_event(host, lines, offset=100, inode=7, ended=False, invocation="inv1"):
+    return {"event": "runner_on_ok", "event_data": {
+        "host": host, "task": "Read the trainer's log", "resolved_action": "dflash.trainer.trainer_status",
+        "res": {"changed": False, "running": True, "log": {
+            "invocation": invocation, "release": "r1", "lines": lines, "offset": offset, "inode": inode,
+            "ended": ended, "found": True, "problem": None}}}}
+
+
+@pytest.mark.parametrize("name", sorted(n[:-5] for n in os.listdir(FIXTURES) if n.endswith(".json")))
+def test_json_round_trips_into_the_typed_result(name):
+    result = build_run_result(events(name), rc=0, status="successful")
+    text = json.dumps(result.to_dict(), indent=2, sort_keys=True)  # what --json prints
+    back = RunResult.from_dict(json.loads(text))
+    assert back == result
+    for host, h in json.loads(text)["hosts"].items():  # every JSON key is a field of the typed result
+        assert set(h) == set(back.hosts[host].__dataclass_fields__)
+
+
+def test_json_of_a_log_and_diffs_round_trips():
+    evs = [log_event("gpu-host", ["step=1", "step=2"]),
+           {"event": "runner_on_ok", "event_data": {"host": "gpu-host", "task": "Upload the code",
+                                                    "resolved_action": "dflash.trainer.trainer_release",
+                                                    "res": {"changed": True, "diff": {"prepared": "release a → b\n"}}}},
+           ok_stats("gpu-host")]
+    result = build_run_result(evs, rc=0, status="successful")
+    h = result.hosts["gpu-host"]
+    assert h.log == TrainerLog(invocation="inv1", release="r1", lines=["step=1", "step=2"], offset=100, inode=7,
+                               found=True)
+    assert h.diffs == [{"task": "Upload the code", "prepared": "release a → b\n"}]
+    assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_diffs_of_loops_and_lists():
+    evs = [{"event": "runner_item_on_ok", "event_data": {"host": "h", "task": "t", "res": {
+               "diff": [{"before": "a\n", "after": "b\n", "before_header": "/x"}, {"prepared": ""}]}}},
+           {"event": "runner_on_ok", "event_data": {"host": "h", "task": "t", "res": {
+               "results": [{"diff": {"prepared": "dup"}}], "diff": {"prepared": "dup"}}}},
+           ok_stats("h")]
+    h = build_run_result(evs, rc=0, status="successful").hosts["h"]
+    assert h.diffs == [{"task": "t", "before": "a\n", "after": "b\n", "before_header": "/x"}]
+    text = progress.diffs_text(build_run_result(evs, rc=0, status="successful"))
+    assert text.splitlines() == ["--- h: t", "--- /x", "+++ after", "@@ -1 +1 @@", "-a", "+b"]
+
+
+# ---- progress while a play runs -------------------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_progress_says_each_step_and_the_restart_jobs_phase():
+    out, clock = io.StringIO(), Clock()
+    p = progress.Progress(out, clock=clock)
+    restart = "dflash.trainer.trainer_restart"
+    p({"event": "playbook_on_task_start", "event_data": {"task": "Upload the code as an immutable release"}})
+    clock.t += 3
+    p({"event": "runner_on_ok", "event_data": {"host": "h", "resolved_action": restart,
+                                               "res": {"started": True, "phase": "stopping"}}})
+    p({"event": "playbook_on_task_start", "event_data": {"task": "Watch the restart job"}})
+    clock.t += 30
+    p({"event": "runner_retry", "event_data": {"host": "h", "resolved_action": restart,
+                                               "res": {"finished": False, "phase": "proving"}}})
+    clock.t += 12
+    p({"event": "runner_on_ok", "event_data": {"host": "h", "resolved_action": restart,
+                                               "res": {"finished": True, "phase": "done"}}})
+    p({"event": "runner_retry", "event_data": {"host": "h", "task": "Wait for it", "resolved_action": "x",
+                                               "res": {"attempts": 2, "retries": 5}}})
+    p({"event": "runner_on_failed", "event_data": {"host": "h", "res": {"msg": "boom\nmore"}}})
+    p({"event": "runner_on_failed", "event_data": {"host": "h", "ignore_errors": True, "res": {"msg": "ignored"}}})
+    assert p.lines == ["step: Upload the code as an immutable release", "  restart job: stopping (0 s)",
+                       "step: Watch the restart job", "  restart job: proving (30 s)",
+                       "  restart job: done (42 s)", "  still waiting: Wait for it (attempt 2 of 5)",
+                       "  failed on h: boom"]
+    assert out.getvalue().splitlines()[0] == "[   0s] step: Upload the code as an immutable release"
+    assert out.getvalue().splitlines()[3] == "[  33s]   restart job: proving (30 s)"
+
+
+def test_summary_table_with_the_comparison():
+    result = build_run_result(events("deploy_restarted_proved"), rc=0, status="successful")
+    h = result.hosts["gpu-host"]
+    h.comparison = {"words": "release x (content x): 19.7K tok/s (median of 10 samples over 10 s) — previous y: "
+                             "19.9K (-1%), best 20.0K", "median": 19712.4}
+    text = progress.summary(result)
+    header, row, comparison = text.splitlines()
+    assert header.split() == ["HOST", "RESULT", "RELEASE", "RESTARTED", "ROLLED", "BACK", "TOK/S"]
+    assert row.split() == ["gpu-host", "ok", "(changed)", h.release, "yes", "no", "19712"]
+    assert comparison == "gpu-host: " + h.comparison["words"]
+    failed = build_run_result(events("deploy_ready_failed_rolled_back"), rc=2, status="failed")
+    assert progress.summary_rows(failed)[0][1:5] == ["FAILED", failed.hosts["gpu-host"].release, "yes", "yes"]
+
+
+# ---- --check / --diff reach ansible-playbook; events reach the handler; cancel -------------------
+def test_run_playbook_live_passes_check_diff_cancel_and_events(monkeypatch, tmp_path):
+    import ansible_runner
+    seen = {}
+
+    class Runner:
+        rc, status = 0, "successful"
+
+    def fake_run(**kw):
+        seen.update(kw)
+        for e in events("status_ok"):
+            kw["event_handler"](e)
+        return Runner()
+
+    monkeypatch.setattr(ansible_runner, "run", fake_run)
+    got = []
+    cancel = lambda: False  # noqa: E731
+    result = api.run_playbook_live("status", check=True, diff=True, on_event=got.append, cancel=cancel,
+                                   private_data_dir=str(tmp_path))
+    assert seen["cmdline"] == "--check --diff" and seen["cancel_callback"] is cancel
+    assert result.ok and len(got) == len(events("status_ok"))
+    api.run_playbook_live("status", diff=True, private_data_dir=str(tmp_path))
+    assert seen["cmdline"] == "--diff"
+    seen.clear()
+    api.run_playbook_live("status", private_data_dir=str(tmp_path))
+    assert "cmdline" not in seen and "cancel_callback" not in seen
+
+
+def test_cli_check_diff_progress_and_summary(monkeypatch, capsys):
+    seen = {}
+
+    def fake(name, **kw):
+        seen.update(kw, name=name)
+        evs = [{"event": "playbook_on_task_start", "event_data": {"task": "Upload the code"}},
+               {"event": "runner_on_ok", "event_data": {"host": "gpu-host", "task": "Upload the code",
+                "resolved_action": "dflash.trainer.trainer_release", "res": {"changed": True, "diff": {
+                    "prepared": "release a → b: 0 added, 0 removed, 1 modified\nM trainer.py (16 B → 17 B)\n"}}}}]
+        for e in evs:
+            if kw["on_event"] is not None:
+                kw["on_event"](e)
+        return build_run_result(events("deploy_restarted_proved") + evs, rc=0, status="successful")
+
+    monkeypatch.setattr(api, "run_playbook_live", fake)
+    assert main(["deploy", "-l", "gpu-host", "--check", "--diff", "-e", 'msg="two words" n=1']) == 0
+    assert seen["check"] is True and seen["diff"] is True and seen["name"] == "deploy"
+    assert seen["extravars"] == {"msg": "two words", "n": "1"}
+    out, err = capsys.readouterr()
+    assert "step: Upload the code" in err
+    assert "--- gpu-host: Upload the code\nrelease a → b: 0 added, 0 removed, 1 modified\nM trainer.py (16 B → 17 B)" in out
+    assert out.rstrip().splitlines()[-2].split()[:3] == ["HOST", "RESULT", "RELEASE"]
+    # -q: no progress; --json: the RunResult only
+    assert main(["deploy", "-q", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "step:" not in err and seen["on_event"] is None
+    assert RunResult.from_dict(json.loads(out)).hosts["gpu-host"].diffs[0]["task"] == "Upload the code"
+    with pytest.raises(SystemExit):
+        main(["status", "-f"])
+    with pytest.raises(SystemExit):
+        main(["deploy", "-n", "3"])
+
+
+# ---- logs and logs -f -----------------------------------------------------------------------------
+def test_cli_logs_prints_the_lines(monkeypatch, capsys):
+    seen = {}
+
+    def fake_logs(**kw):
+        seen.update(kw)
+        return build_run_result([log_event("gpu-host", ["step=%d" % i for i in range(20)]), ok_stats("gpu-host")],
+                                rc=0, status="successful")
+
+    monkeypatch.setattr(api, "logs", fake_logs)
+    assert main(["logs", "-l", "gpu-host", "--start", "abc"]) == 0
+    assert seen["lines"] == 20 and seen["invocation"] == "abc" and seen["limit"] == "gpu-host"
+    assert capsys.readouterr().out.splitlines() == ["step=%d" % i for i in range(20)]
+    assert main(["logs", "-n", "5", "--json"]) == 0
+    assert seen["lines"] == 5
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["lines"][:2] == ["step=0", "step=1"]
+
+
+def test_logs_extravars():
+    assert api.logs_extravars({"a": 1}, 5) == {"a": 1, "trainer_log_lines": 5}
+    pos = {"h1": TrainerLog(invocation="i1", offset=10, inode=3), "h2": None, "h3": TrainerLog(offset=0)}
+    assert api.logs_extravars(None, 20, "inv", pos, 2) == {
+        "trainer_log_lines": 20, "trainer_log_invocation": "inv", "trainer_log_wait_s": 2,
+        "trainer_log_follow": {"h1": {"offset": 10, "inode": 3, "invocation": "i1"}}}
+
+
+def test_follow_logs_prints_new_lines_follows_a_new_start_and_stops():
+    reads, printed = [], []
+    batches = [
+        [log_event("h", ["a", "b"], offset=10)],
+        [log_event("h", [], offset=10)],
+        [log_event("h", ["c"], offset=12)],
+        [log_event("h", [], offset=12, ended=True)],
+        [log_event("h", ["new start line"], offset=50, invocation="inv2")],
+        [log_event("h", ["d"], offset=52, invocation="inv2")],
+    ]
+
+    def read(**kw):
+        reads.append(json.loads(json.dumps(api.logs_extravars(kw["extravars"], kw["lines"], kw["invocation"],
+                                                              kw["positions"], kw["wait_s"]))))
+        return build_run_result(batches[len(reads) - 1] + [ok_stats("h")], rc=0, status="successful")
+
+    stop = lambda: len(reads) >= len(batches)  # noqa: E731
+    result = api.follow_logs(lambda host, log: printed.extend(log.lines), limit="h", lines=2, wait_s=2,
+                             stop=stop, read=read)
+    assert result.ok and printed == ["a", "b", "c", "new start line", "d"]
+    assert "trainer_log_follow" not in reads[0]
+    assert reads[1]["trainer_log_follow"] == {"h": {"offset": 10, "inode": 7, "invocation": "inv1"}}
+    assert reads[1]["trainer_log_wait_s"] == 2
+    assert "trainer_log_follow" not in reads[4]  # the ended start: the new one from its last lines
+    assert reads[5]["trainer_log_follow"]["h"]["invocation"] == "inv2"
+
+
+def test_follow_logs_ends_on_a_failed_run():
+    def read(**kw):
+        return build_run_result([], rc=2, status="failed")
+    assert not api.follow_logs(lambda *a: None, read=read).ok
+
+
+def test_cli_logs_follow_stopped_by_sigterm(monkeypatch, capsys):
+    n = []
+
+    def fake_follow(on_lines, stop, **kw):
+        on_lines("gpu-host", TrainerLog(lines=["x"]))
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets the flag
+        n.append(stop())
+        return RunResult(ok=True, rc=0, status="canceled")
+
+    monkeypatch.setattr(api, "follow_logs", fake_follow)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["logs", "-f", "-l", "gpu-host"]) == 0
+    assert n == [True] and capsys.readouterr().out == "x\n"
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
+
+
+def test_stop_second_signal_interrupts():
+    s = Stop()
+    s.handle(signal.SIGINT, None)
+    assert s()
+    with pytest.raises(KeyboardInterrupt):
+        s.handle(signal.SIGINT, None)
+
+
+# ---- the module's long poll (trainer_status log_offset + log_wait_s) ------------------------------
+def test_status_long_poll_waits_for_lines(tmp_path):
+    from ansible_collections.dflash.trainer.plugins.modules import trainer_status as mod
+    from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
+    log = tmp_path / "trainer.log"
+    log.write_text(marker_line("inv", "r1", 1, "t") + "\nstep=1\n")
+    p = dict(log_path=str(log), log_invocation=None, log_lines=5, log_offset=None, log_inode=None, log_wait_s=3)
+    first = mod.read_log_chunk(p, "inv")
+    assert first["lines"] == ["step=1"] and first["release"] == "r1"
+    clock, sleeps, written = Clock(), [], []
+
+    def sleep(s):
+        sleeps.append(s)
+        clock.t += s
+        if len(sleeps) == 4 and not written:
+            written.append(1)
+            with open(str(log), "a") as f:
+                f.write("step=2\n")
+
+    p.update(log_offset=first["offset"], log_inode=first["inode"])
+    got = mod.read_log_chunk(p, "inv", clock=clock, sleep=sleep)
+    assert got["lines"] == ["step=2"] and len(sleeps) == 4
+    sleeps.clear()
+    p.update(log_offset=got["offset"])
+    got = mod.read_log_chunk(p, "inv", clock=clock, sleep=sleep)
+    assert got["lines"] == [] and sum(sleeps) == pytest.approx(3.0)
+    assert mod.read_log_chunk(dict(p, log_path=str(tmp_path / "none")), "")["problem"].startswith("no start")
