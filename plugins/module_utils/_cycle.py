@@ -24,6 +24,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     FAILED,
+    fmt_s,
     READY,
     DrainJudge,
     Expectations,
@@ -117,7 +118,7 @@ def drain(run, nvidia_smi, gpus=None, max_mib=1024, consecutive=2, interval_s=1.
         if verdict.state == FAILED:
             raise StepFailed(verdict.reason, **verdict.details)
         if tick:
-            tick()
+            tick(waiting="%s (%s s of %s)" % (verdict.reason, fmt_s(clock() - start), fmt_s(timeout_s)))
         sleep(judge.next_wait(clock(), interval_s))
 
 
@@ -294,7 +295,9 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         if lost:
             raise StepFailed(failure_msg(lost, [], expect.tail_lines), ready=False, reason=lost, log_tail=[])
         if tick:
-            tick()
+            tick(waiting=("measuring throughput" if measuring_until[0] is not None else
+                          "waiting for: %s (%s s of %s)" % (verdict.reason, fmt_s(clock() - judge.start),
+                                                            fmt_s(expect.timeout_s))))
         if measuring_until[0] is not None:  # measuring after READY: the proof's deadline no longer applies
             sleep(max(0.0, min(interval_s, measuring_until[0] - clock())))
         else:

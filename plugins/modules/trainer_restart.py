@@ -332,14 +332,20 @@ def run_job(module):
                  reasons=p["reasons"], phase="starting job", done=False)
     last_renew = [0.0]
 
-    def renew(force=False):
+    last_said = [0.0]
+
+    def renew(force=False, waiting=None):
         now = time.monotonic()
+        if waiting and now - last_said[0] >= 2.0:  # what the phase still waits for, for the watcher
+            last_said[0] = now
+            state.update(waiting=waiting)
+            write_state(p["state_path"], state)
         if p["lock_path"] and (force or now - last_renew[0] >= RENEW_EVERY_S):
             last_renew[0] = now
             heartbeat(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"], job_pid=pid)
 
     def on_phase(name, **kw):
-        state.update(phase=name, phase_at=time.time(), **kw)
+        state.update(phase=name, phase_at=time.time(), waiting=None, **kw)
         write_state(p["state_path"], state)
         renew(force=True)
 
@@ -431,8 +437,10 @@ def wait(module):
                              % (p["job_id"], state.get("phase"), p["state_path"]), finished=True,
                              phase=state.get("phase"), result={})
         if time.monotonic() >= deadline:
-            module.exit_json(changed=False, finished=False, phase=(state or {}).get("phase", "not started")
-                             if mine else "not started", job=outcome_words(state) if mine else "")
+            phase = (state or {}).get("phase", "not started") if mine else "not started"
+            if mine and state.get("waiting"):
+                phase = "%s, %s" % (phase, state["waiting"])
+            module.exit_json(changed=False, finished=False, phase=phase, job=outcome_words(state) if mine else "")
         time.sleep(0.25)
 
 
