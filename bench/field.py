@@ -141,7 +141,7 @@ def table(rows):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--delays", default="0,0.5", help="pct start-up delays to model, seconds (comma list)")
     args = p.parse_args(argv)

@@ -89,8 +89,8 @@ def classify_host(before, after, new_release):
         outcome = "rolled back"
         if not (result.get("rolled_back") and result.get("rollback_proof")
                 and result.get("rollback_release") == before.get("last_good") == after.get("running")):
-            wrong.append("failed without a proved rollback to %s: %s" % (before.get("last_good"),
-                                                                       str(result.get("outcome"))[:200]))
+            wrong.append("failed without a proved rollback to %s: %s" % (
+                before.get("last_good"), str(result.get("outcome"))[:200]))
     return outcome if not wrong else "WRONG: %s (%s)" % ("; ".join(wrong), outcome)
 
 
@@ -150,8 +150,8 @@ def rollout(name, serial, hosts, vmids, bad_host, work, conn, cp_dir, stamp):
                      "last_good": a.get("last_good"), "unit": a["unit"].get("ActiveState"),
                      "main_pid": a["unit"].get("MainPID"),
                      "main_pid_before": before[vmid]["unit"].get("MainPID"),
-                     "job": "%s: %s" % (job.get("job_id", "-"), str((job.get("result") or {}).get("outcome")
-                                                                   or job.get("phase") or "-")[:90]),
+                     "job": "%s: %s" % (job.get("job_id", "-"), str(
+                         (job.get("result") or {}).get("outcome") or job.get("phase") or "-")[:90]),
                      "failure": ((job.get("result") or {}).get("failure") or "").split("\n")[0][:200]})
     recap = {}
     for line in out.splitlines():

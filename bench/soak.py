@@ -108,8 +108,8 @@ def judge_cycle(kind, rc, job, snap, before_job_id, release, last_good):
     elif not job.get("done"):
         problems.append("restart job %s not done (phase %s)" % (job.get("job_id"), job.get("phase")))
     if unit.get("ActiveState") != "active" or unit.get("MainPID") in (None, "", "0"):
-        problems.append("unit %s/%s, MainPID %s" % (unit.get("ActiveState"), unit.get("SubState"),
-                                                      unit.get("MainPID")))
+        problems.append("unit %s/%s, MainPID %s" % (
+            unit.get("ActiveState"), unit.get("SubState"), unit.get("MainPID")))
     if snap.get("lock"):
         problems.append("deploy lock left at %s" % LOCK_PATH)
     if kind == GOOD:
@@ -129,8 +129,8 @@ def judge_cycle(kind, rc, job, snap, before_job_id, release, last_good):
             problems.append("fault %s: job ok=%s for release %s (deployed %s)" % (
                 kind, result.get("ok"), result.get("release"), release))
         if not re.search(expect, failure):
-            problems.append("fault %s: reason %r does not match %r" % (kind, failure.splitlines()[0] if failure
-                                                                      else failure, expect))
+            first = failure.splitlines()[0] if failure else failure
+            problems.append("fault %s: reason %r does not match %r" % (kind, first, expect))
         if not result.get("rolled_back") or result.get("rollback_release") != last_good \
                 or not result.get("rollback_proof") or not str(result.get("outcome", "")).startswith("Rolled back"):
             problems.append("fault %s: not rolled back to %s and proved (rolled_back=%s to %s; %s)" % (
@@ -418,8 +418,8 @@ def run(args):
     baseline = probe(vmid)
     if baseline.get("unit", {}).get("ActiveState") == "active" or baseline["releases"]:
         log("container %d is not fresh (trainer %s, %d releases): the baseline takes it as it is; "
-            "--recreate starts from a new container" % (vmid, baseline["unit"].get("ActiveState"),
-                                                         len(baseline["releases"])))
+            "--recreate starts from a new container" % (
+                vmid, baseline["unit"].get("ActiveState"), len(baseline["releases"])))
     log("baseline: %d processes, %d mounts, /tmp %s" % (len(baseline["procs"]), len(baseline["mounts"]),
                                                         baseline["tmp"]["tmp_all"]))
     last_good = baseline.get("last_good")

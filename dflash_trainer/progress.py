@@ -78,8 +78,8 @@ class Progress:
             if _is(action, "trainer_restart"):
                 self._phase(res.get("phase") or "?")
             else:
-                self.say("  still waiting: %s (attempt %s of %s)" % (data.get("task"), res.get("attempts", "?"),
-                                                                      res.get("retries", "?")), style="dim")
+                self.say("  still waiting: %s (attempt %s of %s)" % (
+                    data.get("task"), res.get("attempts", "?"), res.get("retries", "?")), style="dim")
         elif name == "runner_on_ok" and _is(action, "trainer_restart"):
             if res.get("started"):
                 self._job_started = self.clock()

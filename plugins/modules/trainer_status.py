@@ -51,11 +51,11 @@ options:
   log_offset:
     description:
       - Follow a log - return in RV(log) the complete lines of the start appended since this byte offset
-        (RV(log.offset) of an earlier call) instead of the last O(log_lines). Goes with O(log_inode); a log
+        (the C(offset) in RV(log) of an earlier call) instead of the last O(log_lines). Goes with O(log_inode); a log
         rotated meanwhile is finished in C(<log>.1), then read from the start's marker in the new file.
     type: int
   log_inode:
-    description: The inode RV(log.inode) of the call that returned O(log_offset).
+    description: The C(inode) in RV(log) of the call that returned O(log_offset).
     type: int
   log_wait_s:
     description:

@@ -52,7 +52,7 @@ def leftovers(lab):
 
 
 def test_check_mode_on_a_first_deploy_says_what_it_would_do_and_changes_nothing(lab, field):
-    root_inv, _ = field
+    root_inv, _op_inv = field
     assert leftovers(lab) == []
     res = playbook(root_inv, "deploy.yml", "ct", "--check", "--diff",
                    trainer_env={"DFLASH_FAKE_STARTUP_S": "0.3", "FIELD_SECRET": "s3cr3t-check-mode"})
@@ -66,7 +66,7 @@ def test_check_mode_on_a_first_deploy_says_what_it_would_do_and_changes_nothing(
 
 
 def test_operator_deploys_and_reads_status_through_the_sudo_wrapper(lab, field):
-    _, op_inv = field
+    _root_inv, op_inv = field
     res = playbook(op_inv, "deploy.yml", "ct")
     out = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 0, out[-4000:]
@@ -80,7 +80,7 @@ def test_operator_deploys_and_reads_status_through_the_sudo_wrapper(lab, field):
 
 
 def test_the_wrapper_refuses_a_container_not_listed(lab, field):
-    _, op_inv = field
+    _root_inv, op_inv = field
     res = playbook(op_inv, "playbooks/status.yml", "other")
     out = res.stdout + res.stderr
     assert res.returncode != 0

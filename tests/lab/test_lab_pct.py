@@ -133,7 +133,7 @@ def test_per_call_delay_models_proxmox_start_up(lab, tmp_path):
         assert res.stdout == "status: running\n" and took >= 0.6
         took, res = timed("exec", DELAY_CT, "--", "sh", "-c", "exit 3")
         assert res.returncode == 3 and took >= 0.6
-        took, _ = timed("status", DELAY_CT, env={"DFLASH_PCT_DELAY_S": "0"})
+        took, _res = timed("status", DELAY_CT, env={"DFLASH_PCT_DELAY_S": "0"})
         assert took < 0.5
         took, res = timed("status", "999999", env={"DFLASH_PCT_DELAY_S": "0.4"})
         assert res.returncode == 255 and took >= 0.4

@@ -61,10 +61,10 @@ def test_json_of_a_log_and_diffs_round_trips():
 
 
 def test_diffs_of_loops_and_lists():
-    evs = [{"event": "runner_item_on_ok", "event_data": {"host": "h", "task": "t", "res": {
-               "diff": [{"before": "a\n", "after": "b\n", "before_header": "/x"}, {"prepared": ""}]}}},
-           {"event": "runner_on_ok", "event_data": {"host": "h", "task": "t", "res": {
-               "results": [{"diff": {"prepared": "dup"}}], "diff": {"prepared": "dup"}}}},
+    item = {"diff": [{"before": "a\n", "after": "b\n", "before_header": "/x"}, {"prepared": ""}]}
+    loop = {"results": [{"diff": {"prepared": "dup"}}], "diff": {"prepared": "dup"}}
+    evs = [{"event": "runner_item_on_ok", "event_data": {"host": "h", "task": "t", "res": item}},
+           {"event": "runner_on_ok", "event_data": {"host": "h", "task": "t", "res": loop}},
            ok_stats("h")]
     h = build_run_result(evs, rc=0, status="successful").hosts["h"]
     assert h.diffs == [{"task": "t", "before": "a\n", "after": "b\n", "before_header": "/x"}]
@@ -138,7 +138,9 @@ def test_run_playbook_live_passes_check_diff_cancel_and_events(monkeypatch, tmp_
 
     monkeypatch.setattr(ansible_runner, "run", fake_run)
     got = []
-    cancel = lambda: False  # noqa: E731
+
+    def cancel():
+        return False
     result = api.run_playbook_live("status", check=True, diff=True, on_event=got.append, cancel=cancel,
                                    private_data_dir=str(tmp_path))
     assert seen["cmdline"] == "--check --diff" and seen["cancel_callback"] is cancel
@@ -225,7 +227,8 @@ def test_follow_logs_prints_new_lines_follows_a_new_start_and_stops():
                                                               kw["positions"], kw["wait_s"]))))
         return build_run_result(batches[len(reads) - 1] + [ok_stats("h")], rc=0, status="successful")
 
-    stop = lambda: len(reads) >= len(batches)  # noqa: E731
+    def stop():
+        return len(reads) >= len(batches)
     result = api.follow_logs(lambda host, log: printed.extend(log.lines), limit="h", lines=2, wait_s=2,
                              stop=stop, read=read)
     assert result.ok and printed == ["a", "b", "c", "new start line", "d"]

@@ -419,8 +419,9 @@ def test_passthrough_empty_hides_every_process_but_keeps_memory(state, holder):
     assert smi("--query-compute-apps=pid", "--format=csv,noheader")[1] == ""
     assert smi("--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-i", "2")[1] == "2, 5000\n"
     assert "No running processes found" in smi()[1]
-    assert fakegpu.snapshot()[2]["processes"] == [{"pid": proc.pid, "name": fakegpu._process_name(proc.pid),
-                                                    "used_mib": 5000}]  # the host's view is the truth
+    # the host's view is the truth
+    assert fakegpu.snapshot()[2]["processes"] == [
+        {"pid": proc.pid, "name": fakegpu._process_name(proc.pid), "used_mib": 5000}]
 
 
 def test_passthrough_host_pids_are_not_found_in_the_container(state, holder):

@@ -19,8 +19,8 @@ def write(path, text, mode="a"):
 
 def sidecar(path, inv, offset):
     st = os.stat(path)
-    write(path + ".start", json.dumps({"invocation": inv, "offset": offset, "dev": st.st_dev,
-                                        "inode": st.st_ino}), "w")
+    record = {"invocation": inv, "offset": offset, "dev": st.st_dev, "inode": st.st_ino}
+    write(path + ".start", json.dumps(record), "w")
 
 
 def steps(a, b):
