@@ -764,19 +764,23 @@ def fsync_dir(path):
 # ---------------------------------------------------------------------------------------------
 # pruning
 
-def plan_prune(releases, current, last_good, keep):
+def plan_prune(releases, current, last_good, keep, also=()):
     """Which releases to delete.
 
-    releases: mapping id -> mtime (or iterable of (id, mtime) pairs). Keeps the newest `keep`
-    (mtime, ties broken by id), and never deletes `current` or `last_good`. Returns ids to
-    delete, oldest first.
+    releases: mapping id -> mtime (or iterable of (id, mtime) pairs). Keeps `keep` releases in
+    all: `current`, `last_good` and ``also`` (the release current pointed at before - the one
+    the trainer runs, and the one a refused pre-flight switches back to) always, then the newest
+    others (mtime, ties broken by id) while room is left - so a run of failed releases never
+    grows the directory past `keep` (or past those protected ones). Returns ids to delete,
+    oldest first.
     """
     if keep < 0:
         raise ValueError("keep must be >= 0, got %r" % (keep,))
     pairs = list(releases.items()) if isinstance(releases, dict) else list(releases)
     newest_first = sorted(pairs, key=lambda p: (p[1], p[0]), reverse=True)
-    protected = set(x for x in (current, last_good) if x)
-    doomed = [pair[0] for pair in newest_first[keep:] if pair[0] not in protected]
+    protected = set(x for x in (current, last_good) + tuple(also or ()) if x)
+    room = max(keep - len([p for p in newest_first if p[0] in protected]), 0)
+    doomed = [pair[0] for pair in newest_first if pair[0] not in protected][room:]
     doomed.reverse()
     return doomed
 

@@ -477,7 +477,7 @@ def _present(params, check_mode):
         result["transferred"] = not complete
         result["switched"] = previous != rid
         result["cleaned"] = stale_entries(root)
-        result["pruned"] = plan_prune(releases, rid, result["last_good"], keep)
+        result["pruned"] = plan_prune(releases, rid, result["last_good"], keep, also=(previous,))
         result["releases"] = [r for r in order_newest_first(releases) if r not in result["pruned"]]
         result["current"] = rid
         result["changed"] = bool(result["transferred"] or result["switched"] or result["pruned"]
@@ -501,7 +501,7 @@ def _present(params, check_mode):
             switch_current(root, rid)
             result["switched"] = True
         last_good = read_last_good(root)
-        for old in plan_prune(list_releases(root), rid, last_good, keep):
+        for old in plan_prune(list_releases(root), rid, last_good, keep, also=(previous,)):
             delete_release(root, old)
             result["pruned"].append(old)
         result["last_good"] = last_good

@@ -281,8 +281,9 @@ def test_extraction_drops_setuid_and_group_write(tmp_path):
 PRUNE_CASES = [
     # releases {id: mtime}, current, last_good, keep, expected deletions (oldest first)
     ({"a": 1, "b": 2, "c": 3, "d": 4}, "d", None, 2, ["a", "b"]),
-    ({"a": 1, "b": 2, "c": 3, "d": 4}, "d", "a", 2, ["b"]),
-    ({"a": 1, "b": 2, "c": 3, "d": 4}, "b", "a", 1, ["c"]),  # rolled back: current is old
+    ({"a": 1, "b": 2, "c": 3, "d": 4}, "d", "a", 2, ["b", "c"]),  # keep counts current and last good
+    ({"a": 1, "b": 2, "c": 3, "d": 4}, "b", "a", 1, ["c", "d"]),  # rolled back: both protected, no room
+    ({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}, "a", "a", 3, ["b", "c", "d"]),  # failed in a row
     ({"a": 1, "b": 2}, "b", "a", 0, []),
     ({"a": 1, "b": 2, "c": 3}, "c", None, 0, ["a", "b"]),
     ({"a": 1, "b": 2, "c": 3}, "c", "b", 5, []),
@@ -545,3 +546,11 @@ def test_delta_member_named_like_the_manifest_is_a_plain_file(tmp_path):
     dest.mkdir()
     assert rel.extract_delta(archive, str(dest), base_dir, base_entries)[0] == scan.digest
     assert (dest / rel.MANIFEST_MEMBER).read_bytes() == b"changed\n"
+
+
+def test_plan_prune_never_deletes_the_release_current_pointed_at_before():
+    # switching current from c (the running trainer's) to d, last good a, keep 2
+    assert rel.plan_prune({"a": 1, "b": 2, "c": 3, "d": 4}, "d", "a", 2, also=("c",)) == ["b"]
+    # a run of failed releases: last good a runs, f is new; keep 3 -> a, f and the newest other
+    assert rel.plan_prune({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}, "f", "a", 3, also=("a",)) == \
+        ["b", "c", "d"]

@@ -249,8 +249,9 @@ def test_check_mode_changes_nothing(lab):
     before = lab.snapshot()
     result = lab.run(check_mode=True, release=r2, archive=archive2, keep=0)
     assert result["changed"] and result["transferred"] and result["switched"]
-    assert result["pruned"] == [r1] and result["cleaned"] == ["releases/.tmp-x-dead"]
-    assert result["releases"] == [r2]
+    # r1 is what current pointed at (the running trainer's release): never pruned by this switch
+    assert result["pruned"] == [] and result["cleaned"] == ["releases/.tmp-x-dead"]
+    assert result["releases"] == [r2, r1]
     for state in ("rollback", "mark_good"):
         lab.run(check_mode=True, state=state, release=r1)
     assert lab.run(check_mode=True, state="mark_good")["changed"] is True
@@ -402,7 +403,9 @@ def test_pruning_the_base_leaves_a_linked_release_complete_and_verified(lab):
     answer = lab.run(release=lab.build("v2")[0])
     rid, delta = lab.build_delta("v2", answer["have"])
     result = lab.run(release=rid, archive=delta, base=r1, keep=1)
-    assert result["linked_files"] == 2 and result["copied_files"] == 0 and result["pruned"] == [r1]
+    assert result["linked_files"] == 2 and result["copied_files"] == 0 and result["pruned"] == []
+    result = lab.run(release=rid, keep=1)  # the next deploy: r1 is no longer what current pointed at
+    assert result["pruned"] == [r1]
     new = os.path.join(lab.root, "releases", rid)
     assert not os.path.exists(os.path.join(lab.root, "releases", r1))
     assert os.stat(os.path.join(new, "run.sh")).st_nlink == 1 and os.access(os.path.join(new, "run.sh"), os.X_OK)
