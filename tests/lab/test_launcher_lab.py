@@ -36,7 +36,9 @@ def sh(script, check=True):
 
 
 def journal():
-    return sh("journalctl -u %s.service -o cat --no-pager" % UNIT).stdout
+    """This activation's journal only (a rerun in the same container has older ones)."""
+    inv = sh("systemctl show -p InvocationID --value %s.service" % UNIT).stdout.strip()
+    return sh("journalctl -u %s.service _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager" % (UNIT, inv)).stdout
 
 
 def props():
