@@ -178,31 +178,8 @@ def run_playbook(playbook: str, *, limit: Optional[str] = None, inventory: Inven
     private_data_dir: ansible-runner's working directory (artifacts, env); a temporary one,
     removed afterwards, unless given. timeout: seconds for the whole run (runner status
     `timeout`, ok False)."""
-    import ansible_runner  # imported here: results.py and the unit tests do not need it
-
-    own_pdd = private_data_dir is None
-    pdd = tempfile.mkdtemp(prefix="dflash-runner-") if own_pdd else os.path.abspath(private_data_dir)
-    events: list[dict] = []
-
-    def keep(event: dict) -> bool:
-        events.append(event)
-        return True
-
-    try:
-        runner = ansible_runner.run(event_handler=keep, **runner_kwargs(
-            playbook, limit=limit, inventory=inventory, extravars=extravars, project_dir=project_dir,
-            private_data_dir=pdd, timeout=timeout))
-        return build_run_result(events, rc=runner.rc, status=runner.status)
-    finally:
-        if own_pdd:
-            shutil.rmtree(pdd, ignore_errors=True)
-        else:
-            # ansible-runner leaves its inputs in env/: extra vars may hold secrets (trainer_env)
-            for name in ("extravars", "cmdline"):
-                try:
-                    os.unlink(os.path.join(pdd, "env", name))
-                except OSError:
-                    pass
+    return run_playbook_live(playbook, limit=limit, inventory=inventory, extravars=extravars,
+                             project_dir=project_dir, private_data_dir=private_data_dir, timeout=timeout)
 
 
 def deploy(limit: Optional[str] = None, inventory: Inventory = None, extravars: Optional[Mapping[str, Any]] = None,
@@ -287,6 +264,7 @@ def run_playbook_live(playbook: str, *, limit: Optional[str] = None, inventory: 
         if own_pdd:
             shutil.rmtree(pdd, ignore_errors=True)
         else:
+            # ansible-runner leaves its inputs in env/: extra vars may hold secrets (trainer_env)
             for name in ("extravars", "cmdline"):
                 try:
                     os.unlink(os.path.join(pdd, "env", name))

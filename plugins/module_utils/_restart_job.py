@@ -61,10 +61,8 @@ def job_alive(state, pid_alive=None):
         return False
     if pid_alive is not None:
         return pid_alive(pid)
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            start_ticks = fh.read().rsplit(")", 1)[1].split()[19]
-    except (IOError, OSError, IndexError):
+    start_ticks = pid_start(pid)
+    if start_ticks is None:
         return False
     return str(state.get("pid_start", start_ticks)) == start_ticks
 
