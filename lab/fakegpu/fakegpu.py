@@ -10,7 +10,9 @@ State lives in ``$FAKEGPU_STATE_DIR`` (default ``/var/lib/fakegpu``):
   the bracketed text.
 * ``alloc/*.json`` -- one record per allocation (written atomically). A record counts while its
   holder lives; the holder is identified by pid *and* process start time
-  (``/proc/<pid>/stat`` field 22), so a reused pid never counts as the holder.
+  (``/proc/<pid>/stat`` field 22), so a reused pid never counts as the holder. A record written
+  before the container booted (PID 1's start) is dropped at once, whatever the release delay:
+  its holder died with the previous boot.
 * ``driver_error`` -- if this file exists, nvidia-smi fails like a missing driver (exit 9).
 * ``hang`` -- if this file exists, the nvidia-smi program hangs like one stuck in the driver:
   empty or ``forever``: it never answers; a number: it answers after that many seconds (a slow
@@ -190,6 +192,29 @@ def _process_name(pid):
         return "[Not Found]"
 
 
+def boot_time():
+    """Wall-clock time at which PID 1 of this PID namespace started (the container's boot).
+
+    /proc/uptime and a process's start time both count from the host's boot, so this is exact
+    inside a container as well; None when /proc cannot be read.
+    """
+    start = process_start_time(1)
+    try:
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if start is None:
+        return None
+    return time.time() - uptime + start / os.sysconf("SC_CLK_TCK")
+
+
+def _from_earlier_boot(record, booted):
+    """A record written before this container booted: its holder died with the previous boot,
+    and a real driver freed that memory long ago (a container restart is no GPU context)."""
+    return booted is not None and float(record.get("created", 0)) < booted - 2.0
+
+
 def _holder_alive(record):
     return process_start_time(record["pid"]) == record.get("start_time")
 
@@ -233,8 +258,14 @@ def _live_records(cfg, writable, now=None):
     """Records that still hold memory; updates dead_since / deletes released records."""
     now = time.time() if now is None else now
     delay = cfg.get("release_delay_s")
+    booted = boot_time()
     held = []
     for rec in _read_records():
+        if _from_earlier_boot(rec, booted):
+            if writable:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(rec["_path"])
+            continue
         rec["alive"] = _holder_alive(rec)
         if not rec["alive"]:
             if rec.get("dead_since") is None:

@@ -150,6 +150,24 @@ def test_reused_pid_does_not_count(state, holder):
     assert proc.poll() is None
 
 
+@pytest.mark.parametrize("delay", [None, 3600])
+def test_record_from_an_earlier_boot_is_dropped_at_once(state, holder, delay):
+    """A container restarted with records on disk: their holders died with that boot."""
+    set_config(state, release_delay_s=delay)
+    proc = holder()
+    fakegpu.allocate(0, 4000, pid=proc.pid)
+    fakegpu.allocate(1, 2000, pid=proc.pid)
+    booted = fakegpu.boot_time()
+    assert booted is not None and booted < time.time()
+    assert used(0) == 4000  # written after this boot: it counts
+    path = next(p for p in (state / "alloc").iterdir() if p.name.startswith("0-"))
+    rec = json.loads(path.read_text())
+    rec["created"] = booted - 60
+    path.write_text(json.dumps(rec))
+    assert (used(0), used(1)) == (0, 2000)
+    assert not path.exists()
+
+
 def test_reused_pid_with_stuck_context_keeps_memory_but_no_process(state, holder):
     set_config(state, release_delay_s=None)
     proc = holder()
