@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The dflash.trainer lab: a Proxmox-like host on this machine, one command up, one down.
 
-    python3 lab/lab.py up [--ids 200 201 ...]   # idempotent
+    python3 lab/lab.py up [--ids 200 201 ...] [--unprivileged]   # idempotent
     python3 lab/lab.py down [--ids ...] [--purge]
     python3 lab/lab.py status
 
@@ -10,6 +10,12 @@ What `up` builds (all real parts, only the GPU is simulated):
   CACHE_DIR, the mirror read from this machine's apt configuration at run time;
 - one LXC container per id with systemd as PID 1, rootfs = overlay(cache, per-container upper),
   no network (lxc.net.0.type = empty);
+- with --unprivileged, containers as Proxmox creates them by default (`unprivileged: 1`): ids
+  0-65535 inside are 100000-165535 outside (lxc.idmap, userns.conf), the overlay's lower layer a
+  copy of the cache whose owners are shifted by 100000 (built once, rebuilt when the cache
+  changes). Each container keeps the kind it was created with: a plain `up` of an unprivileged
+  one keeps it unprivileged, and `up --unprivileged` of a privileged one is refused (take it
+  down first); `status` shows the kind;
 - the simulated GPU (lab/fakegpu: library + nvidia-smi stand-in) inside each container;
 - /usr/sbin/pct (lab/pct): Proxmox's pct CLI shapes on top of lxc-attach/lxc-start;
 - sshd on 127.0.0.1:PORT with its own host key, pid file and a client key, so playbooks take the
@@ -27,9 +33,11 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.environ.get("DFLASH_LAB_CACHE", "/var/cache/dflash-lab")
@@ -53,6 +61,9 @@ HOST_PACKAGES = ["lxc", "debootstrap", "openssh-server", "openssh-client", "sudo
 # only about 20 containers boot - the next one's init exits 255 at once.
 HOST_SYSCTLS = {"fs.inotify.max_user_instances": 8192, "fs.inotify.max_user_watches": 1048576}
 ROOTFS_PACKAGES = "systemd,systemd-sysv,python3,dbus,procps"
+# Proxmox's idmap for `unprivileged: 1`: uid/gid 0-65535 inside are 100000-165535 outside.
+IDMAP_BASE = 100000
+IDMAP_COUNT = 65536
 DEFAULT_GPU_CONFIG = {"count": 8, "memory_mib": 81559, "name": "NVIDIA H100 80GB HBM3", "release_delay_s": 0}
 
 
@@ -125,13 +136,122 @@ def ensure_rootfs():
     os.rename(tmp, target)
 
 
-def lxc_config(vmid):
+def shifted_rootfs_path():
+    return os.path.join(CACHE_DIR, "rootfs-shifted-%d" % IDMAP_BASE)
+
+
+def rootfs_stamp():
+    """Identity of the cached rootfs: a new debootstrap (a new directory) or a changed package
+    set (dpkg's status file) gives another stamp, and the shifted copy is rebuilt."""
+    src = rootfs_path()
+    top = os.stat(src)
+    dpkg = os.stat(os.path.join(src, "var/lib/dpkg/status"))
+    return "%d:%d:%d:%d\n" % (top.st_dev, top.st_ino, dpkg.st_mtime_ns, dpkg.st_size)
+
+
+def shift_owners(top, offset):
+    """Add offset to the owner and group of every entry under top (top included), in place.
+
+    Entries already at or above offset are left alone, so hard links (one inode, several
+    names) and a rerun shift nothing twice. lchown: symlinks themselves, never their targets.
+    chown clears setuid/setgid bits: the mode is set again afterwards. Returns the count."""
+    count = 0
+    paths = [top]
+    for base, dirs, files in os.walk(top):
+        paths.extend(os.path.join(base, n) for n in dirs + files)
+    for path in paths:
+        st = os.lstat(path)
+        if st.st_uid >= offset and st.st_gid >= offset:
+            continue
+        os.lchown(path, st.st_uid % offset + offset if st.st_uid < offset else st.st_uid,
+                  st.st_gid % offset + offset if st.st_gid < offset else st.st_gid)
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            os.chmod(path, stat.S_IMODE(st.st_mode))
+        count += 1
+    return count
+
+
+def ensure_shifted_rootfs():
+    """The unprivileged containers' lower layer: a copy of the cache, owners shifted by IDMAP_BASE."""
+    target = shifted_rootfs_path()
+    stamp_path = os.path.join(CACHE_DIR, os.path.basename(target) + ".stamp")
+    want = rootfs_stamp()
+    try:
+        with open(stamp_path) as fh:
+            if fh.read() == want and os.path.isdir(target):
+                return target
+    except OSError:
+        pass
+    t0 = time.monotonic()
+    tmp = target + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    run(["cp", "-a", "--reflink=auto", rootfs_path(), tmp])
+    n = shift_owners(tmp, IDMAP_BASE)
+    if os.path.isdir(target):  # a stale copy: moved aside, removed once the new one is in place
+        old = "%s.old.%d" % (target, os.getpid())
+        os.rename(target, old)
+        os.rename(tmp, target)
+        users = [i for i in lab_ids() if container_kind(i) == "unprivileged" and lxc_running(i)]
+        if users:  # their overlays still read it: removed by a later `down --purge`
+            log("kept %s: containers %s still run on it" % (old, " ".join(users)))
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+    with open(stamp_path + ".new", "w") as fh:
+        fh.write(want)
+    os.replace(stamp_path + ".new", stamp_path)
+    log("shifted rootfs for unprivileged containers: %d entries owned from %d on, %.1f s (%s)"
+        % (n, IDMAP_BASE, time.monotonic() - t0, target))
+    return target
+
+
+def kind_path(vmid):
+    return os.path.join(STATE_DIR, "ct", vmid, "kind.json")
+
+
+def container_kind(vmid):
+    """'unprivileged', 'privileged', or None when the lab has no container vmid.
+
+    The kind recorded by `up`; a container of an older lab, without the record, is read from its
+    LXC config (idmap lines: unprivileged), or is privileged when only its upper layer is left."""
+    try:
+        with open(kind_path(vmid)) as fh:
+            return "unprivileged" if json.load(fh).get("unprivileged") else "privileged"
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(LXC_PATH, vmid, "config")) as fh:
+            return "unprivileged" if re.search(r"^lxc\.idmap\s*=", fh.read(), re.M) else "privileged"
+    except OSError:
+        pass
+    return "privileged" if os.path.isdir(os.path.join(STATE_DIR, "ct", vmid)) else None
+
+
+def record_kind(vmid, unprivileged):
+    path = kind_path(vmid)
+    with open(path + ".new", "w") as fh:
+        json.dump({"unprivileged": unprivileged,
+                   "idmap": [0, IDMAP_BASE, IDMAP_COUNT] if unprivileged else None}, fh)
+    os.replace(path + ".new", path)
+
+
+def lxc_config(vmid, unprivileged=False):
     upper = os.path.join(STATE_DIR, "ct", vmid, "upper")
-    return "\n".join([
+    lower = shifted_rootfs_path() if unprivileged else rootfs_path()
+    lines = [
         "# written by dflash.trainer lab/lab.py",
         "lxc.include = /usr/share/lxc/config/common.conf",
+    ]
+    if unprivileged:  # as pve-container writes it for `unprivileged: 1`
+        lines += [
+            "lxc.include = /usr/share/lxc/config/userns.conf",
+            "lxc.idmap = u 0 %d %d" % (IDMAP_BASE, IDMAP_COUNT),
+            "lxc.idmap = g 0 %d %d" % (IDMAP_BASE, IDMAP_COUNT),
+        ]
+    return "\n".join(lines + [
         "lxc.uts.name = ct%s" % vmid,
-        "lxc.rootfs.path = overlay:%s:%s" % (rootfs_path(), upper),
+        "lxc.rootfs.path = overlay:%s:%s" % (lower, upper),
         "lxc.net.0.type = empty",
         "lxc.apparmor.profile = unconfined",
         "lxc.autodev = 1",
@@ -140,33 +260,60 @@ def lxc_config(vmid):
     ])
 
 
-def install_into(upper, rel, src, mode):
+def ensure_dirs(upper, lower, rel_dir, root_id):
+    """Create upper/rel_dir; each directory made takes the owner and mode of its counterpart in
+    the lower layer (the merged view keeps the upper's), else root's (root_id) and 0755."""
+    path = upper
+    for part in [p for p in rel_dir.split("/") if p]:
+        path = os.path.join(path, part)
+        lower_path = os.path.join(lower, os.path.relpath(path, upper))
+        if os.path.isdir(path):
+            continue
+        os.mkdir(path)
+        try:
+            st = os.stat(lower_path)
+            os.chown(path, st.st_uid, st.st_gid)
+            os.chmod(path, stat.S_IMODE(st.st_mode))
+        except OSError:
+            os.chown(path, root_id, root_id)
+            os.chmod(path, 0o755)
+
+
+def install_into(upper, lower, rel, root_id, mode, src=None, data=None):
+    """A file owned by the container's root (root_id outside), from src or data."""
     dst = os.path.join(upper, rel.lstrip("/"))
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    shutil.copyfile(src, dst)
+    ensure_dirs(upper, lower, os.path.dirname(rel.lstrip("/")), root_id)
+    if src is not None:
+        shutil.copyfile(src, dst)
+    elif data is not None:
+        with open(dst, "w") as fh:
+            fh.write(data)
+    os.chown(dst, root_id, root_id)
     os.chmod(dst, mode)
 
 
-def seed_container(vmid):
-    """Files every lab container gets in its upper layer before it boots."""
+def seed_container(vmid, unprivileged=False):
+    """Files every lab container gets in its upper layer before it boots, owned by its root."""
     upper = os.path.join(STATE_DIR, "ct", vmid, "upper")
+    lower = shifted_rootfs_path() if unprivileged else rootfs_path()
+    root_id = IDMAP_BASE if unprivileged else 0
     os.makedirs(upper, exist_ok=True)
+    st = os.stat(lower)  # the upper's top is the container's /
+    os.chown(upper, st.st_uid, st.st_gid)
+    os.chmod(upper, stat.S_IMODE(st.st_mode))
+    # LXC mounts an unprivileged container's overlay inside its user namespace, as the mapped
+    # root: it cannot create the work directory next to upper itself.
+    work = os.path.join(os.path.dirname(upper), "work")
+    os.makedirs(work, exist_ok=True)
+    os.chown(work, root_id, root_id)
     fakegpu = os.path.join(HERE, "fakegpu")
-    install_into(upper, "/usr/lib/python3/dist-packages/fakegpu.py", os.path.join(fakegpu, "fakegpu.py"), 0o644)
-    install_into(upper, "/usr/bin/nvidia-smi", os.path.join(fakegpu, "nvidia-smi"), 0o755)
-    cfg = os.path.join(upper, "var/lib/fakegpu/config.json")
-    if not os.path.exists(cfg):
-        os.makedirs(os.path.dirname(cfg), exist_ok=True)
-        with open(cfg, "w") as fh:
-            json.dump(DEFAULT_GPU_CONFIG, fh)
-    with open(_mk(upper, "etc/hostname"), "w") as fh:
-        fh.write("ct%s\n" % vmid)
-
-
-def _mk(upper, rel):
-    path = os.path.join(upper, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    return path
+    install_into(upper, lower, "/usr/lib/python3/dist-packages/fakegpu.py", root_id, 0o644,
+                 src=os.path.join(fakegpu, "fakegpu.py"))
+    install_into(upper, lower, "/usr/bin/nvidia-smi", root_id, 0o755, src=os.path.join(fakegpu, "nvidia-smi"))
+    cfg = "/var/lib/fakegpu/config.json"
+    install_into(upper, lower, cfg, root_id, 0o644,
+                 data=None if os.path.exists(os.path.join(upper, cfg.lstrip("/"))) else json.dumps(DEFAULT_GPU_CONFIG))
+    install_into(upper, lower, "/etc/hostname", root_id, 0o644, data="ct%s\n" % vmid)
 
 
 def lxc_running(vmid):
@@ -187,14 +334,15 @@ def wait_booted(vmid, timeout=60):
     raise SystemExit("lab: container %s did not finish booting in %d s (systemd says %r)" % (vmid, timeout, state))
 
 
-def ensure_container(vmid):
+def ensure_container(vmid, unprivileged=False):
     conf_dir = os.path.join(LXC_PATH, vmid)
     os.makedirs(conf_dir, exist_ok=True)
     os.makedirs(os.path.join(STATE_DIR, "ct", vmid), exist_ok=True)
+    record_kind(vmid, unprivileged)
     with open(os.path.join(conf_dir, "config"), "w") as fh:
-        fh.write(lxc_config(vmid))
+        fh.write(lxc_config(vmid, unprivileged))
     if not lxc_running(vmid):
-        seed_container(vmid)
+        seed_container(vmid, unprivileged)
         run(["lxc-start", "-n", vmid, "-d"])
         log("container %s started" % vmid)
     else:
@@ -208,7 +356,7 @@ def ensure_container(vmid):
             run(["lxc-attach", "-n", vmid, "--", "sh", "-c", 'cat > "$1.new" && chmod "$2" "$1.new" && mv "$1.new" "$1"',
                  "sh", rel, mode], input=data)
     state = wait_booted(vmid)
-    log("container %s: systemd %s" % (vmid, state))
+    log("container %s%s: systemd %s" % (vmid, " (unprivileged)" if unprivileged else "", state))
 
 
 def ensure_pct():
@@ -385,7 +533,9 @@ def write_facts(ids):
              "ssh_private_key": os.path.join(SSH_DIR, "id_ed25519"), "known_hosts": KNOWN_HOSTS, "pct": PCT_PATH,
              "operator": {"ssh_user": OPERATOR, "pct_path": WRAPPER_PATH, "pct_sudo": True, "allowed": PCT_ALLOWED},
              "pct_delay_dir": PCT_CONF_DIR,
-             "containers": sorted(set(ids) | set(lab_ids()), key=int)}
+             "containers": sorted(set(ids) | set(lab_ids()), key=int),
+             "unprivileged": [i for i in lab_ids() if container_kind(i) == "unprivileged"],
+             "idmap": {"base": IDMAP_BASE, "count": IDMAP_COUNT}}
     with open(os.path.join(STATE_DIR, "lab.json"), "w") as fh:
         json.dump(facts, fh, indent=2)
 
@@ -395,14 +545,30 @@ def lab_ids():
     return sorted((d for d in os.listdir(base) if d.isdigit()), key=int) if os.path.isdir(base) else []
 
 
-def up(ids):
+def wanted_kinds(ids, unprivileged):
+    """{vmid: True (unprivileged) / False}: an existing container keeps its kind; asking for
+    --unprivileged on a privileged one is refused (its upper layer holds files of host root)."""
+    kinds = {}
+    for vmid in ids:
+        have = container_kind(vmid)
+        if unprivileged and have == "privileged":
+            raise SystemExit("lab: container %s exists and is privileged; `lab.py down --ids %s` first to "
+                             "recreate it unprivileged (up never changes a container's kind)" % (vmid, vmid))
+        kinds[vmid] = unprivileged or have == "unprivileged"
+    return kinds
+
+
+def up(ids, unprivileged=False):
+    kinds = wanted_kinds(ids, unprivileged)
     ensure_host_packages()
     ensure_sysctls()
     ensure_rootfs()
+    if any(kinds.values()):
+        ensure_shifted_rootfs()
     ensure_pct()
     ensure_operator()
     for vmid in ids:
-        ensure_container(vmid)
+        ensure_container(vmid, kinds[vmid])
     ensure_sshd()
     write_facts(ids)
     log("up: containers %s; try: %s pct exec %s -- nvidia-smi -L" % (" ".join(ids), " ".join(ssh_argv()), ids[0]))
@@ -427,7 +593,7 @@ def down(ids, purge):
 
 def status():
     for vmid in lab_ids():
-        print("%s %s" % (vmid, "running" if lxc_running(vmid) else "stopped"))
+        print("%s %s %s" % (vmid, "running" if lxc_running(vmid) else "stopped", container_kind(vmid)))
     print("sshd %s" % ("running pid %d" % sshd_pid() if sshd_pid() else "stopped"))
 
 
@@ -439,6 +605,10 @@ def main(argv=None):
         s.add_argument("--ids", nargs="+", default=None, help="container ids (default: 200 for up, all for down)")
         if name == "down":
             s.add_argument("--purge", action="store_true", help="also remove the cached rootfs")
+        else:
+            s.add_argument("--unprivileged", action="store_true",
+                           help="new containers unprivileged (idmap 0 %d %d), as Proxmox's default; "
+                                "an existing container keeps its kind" % (IDMAP_BASE, IDMAP_COUNT))
     sub.add_parser("status")
     a = sub.add_parser("allow", help="containers the operator's pct wrapper may reach")
     a.add_argument("--ids", nargs="+", required=True)
@@ -454,7 +624,7 @@ def main(argv=None):
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
     if args.cmd == "up":
-        up(args.ids or ["200"])
+        up(args.ids or ["200"], args.unprivileged)
     elif args.cmd == "down":
         down(args.ids or lab_ids(), args.purge)
     elif args.cmd == "allow":

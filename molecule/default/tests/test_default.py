@@ -1,15 +1,19 @@
 """What really runs in the container after converge + idempotence (testinfra, via Ansible)."""
 import os
+import subprocess
 import sys
 
 ROOT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release import DEFAULT_EXCLUDES, scan_tree  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils._release import (  # noqa: E402
+    DEFAULT_EXCLUDES, KIND_FILE, MARKER_NAME, scan_tree)
 
 UNIT = "dflash-trainer"
 TRAINER_ROOT = "/opt/dflash-trainer"
 LOG = "/workspace/trainer.log"
+# The platform is unprivileged (molecule.yml): root inside is this uid/gid on the lab host.
+MAPPED_ROOT = 100000
 
 
 def show(host, *props):
@@ -69,4 +73,65 @@ def test_environment_file_is_private(host):
 def test_connection_is_the_one_requested(host):
     """The scenario runs over dflash.trainer.pct, or over proxmox_pct_remote when asked."""
     wanted = os.environ.get("DFLASH_CONNECTION") or "dflash.trainer.pct"
-    assert host.ansible.get_variables()["ansible_connection"] == wanted
+    hostvars = host.ansible.get_variables()
+    assert hostvars["ansible_connection"] == wanted
+    if wanted == "dflash.trainer.pct":  # the lab's non-root operator, through the sudo pct wrapper
+        user = host.ansible("debug", "var=ansible_user", check=False)["ansible_user"]  # templated
+        assert (user, hostvars["pct_sudo"], hostvars["pct_path"]) == ("dflash", True, "/usr/local/sbin/dflash-pct-wrapper")
+
+
+# --- the unprivileged container: what the lab host (this machine, the controller) sees -------
+
+def init_pid(host):
+    """Host PID of the container's init, from LXC on the lab host."""
+    vmid = str(host.ansible.get_variables()["proxmox_vmid"])
+    out = subprocess.run(["lxc-info", "-n", vmid, "-p", "-H"], capture_output=True, text=True, check=True).stdout
+    return int(out)
+
+
+def test_container_is_unprivileged(host):
+    assert host.file("/proc/self/uid_map").content_string.split() == ["0", str(MAPPED_ROOT), "65536"]
+    assert host.file("/proc/self/gid_map").content_string.split() == ["0", str(MAPPED_ROOT), "65536"]
+    st = os.stat("/proc/%d" % init_pid(host))
+    assert (st.st_uid, st.st_gid) == (MAPPED_ROOT, MAPPED_ROOT)  # systemd, root inside
+
+
+def test_release_bytes_modes_and_owners(host):
+    """Every file of examples/trainer is in current with its sha256 and mode, owned by root
+    inside and, on the lab host, by the mapped root."""
+    want = {e.relpath: ("%o" % e.mode, e.payload)
+            for e in scan_tree(os.path.join(ROOT, "examples/trainer"), DEFAULT_EXCLUDES).entries if e.kind == KIND_FILE}
+    current = host.file(TRAINER_ROOT + "/current").linked_to
+    stats = host.check_output("cd %s && find . -type f -printf '%%m %%u:%%g %%P\\n'", current)
+    sums = host.check_output("cd %s && find . -type f -print0 | xargs -0r sha256sum", current)
+    digest = {path[2:]: h for h, path in (line.split(None, 1) for line in sums.splitlines())}
+    have = {}
+    for line in stats.splitlines():
+        mode, owner, path = line.split(" ", 2)
+        assert owner == "root:root", line
+        have[path] = (mode, digest[path])
+    assert {p: v for p, v in have.items() if p != MARKER_NAME} == want
+    host_root = "/proc/%d/root" % init_pid(host)
+    for path in sorted(have) + [""]:
+        st = os.lstat(os.path.join(host_root + current, path))
+        assert (st.st_uid, st.st_gid) == (MAPPED_ROOT, MAPPED_ROOT), (path, st.st_uid, st.st_gid)
+
+
+def test_trainer_runs_as_the_mapped_root_on_the_lab_host(host):
+    main_pid = show(host, "MainPID")["MainPID"]
+    trainer_pid = host.check_output("pgrep -P %s" % main_pid).split()[0]
+    ns = os.readlink("/proc/%d/ns/pid" % init_pid(host))
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.readlink("/proc/%s/ns/pid" % pid) != ns:
+                continue
+            with open("/proc/%s/status" % pid) as fh:
+                status = dict(line.split(":", 1) for line in fh if ":" in line)
+        except OSError:
+            continue
+        if status["NSpid"].split()[-1] == trainer_pid:
+            found.append((int(pid), status["Uid"].split(), status["Gid"].split()))
+    assert len(found) == 1, found
+    _pid, uids, gids = found[0]
+    assert set(uids) == {str(MAPPED_ROOT)} and set(gids) == {str(MAPPED_ROOT)}, found
