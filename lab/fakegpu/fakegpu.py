@@ -37,6 +37,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -97,17 +98,18 @@ def config_path():
     return os.path.join(state_dir(), "config.json")
 
 
-def load_config():
+def load_config(path=None):
     """The configuration: config.json merged over DEFAULTS (a missing file means defaults)."""
+    path = path or config_path()
     cfg = dict(DEFAULTS)
     cfg["errors"] = {}
     try:
-        with open(config_path(), encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except FileNotFoundError:
         data = {}
     if not isinstance(data, dict):
-        raise ValueError("%s: expected a JSON object" % config_path())
+        raise ValueError("%s: expected a JSON object" % path)
     cfg.update(data)
     cfg["count"] = int(cfg["count"])
     cfg["memory_mib"] = int(cfg["memory_mib"])
@@ -117,7 +119,7 @@ def load_config():
         cfg["passthrough"] = None
     if cfg["passthrough"] not in PASSTHROUGH_MODES:
         raise ValueError("%s: passthrough must be null, \"empty\" or \"host_pids\", not %r"
-                         % (config_path(), cfg["passthrough"]))
+                         % (path, cfg["passthrough"]))
     return cfg
 
 
@@ -192,13 +194,14 @@ def _process_name(pid):
         return "[Not Found]"
 
 
-def boot_time():
-    """Wall-clock time at which PID 1 of this PID namespace started (the container's boot).
+def boot_time(init_pid=1):
+    """Wall-clock time at which ``init_pid`` (PID 1 of this PID namespace: the container's boot)
+    started.
 
     /proc/uptime and a process's start time both count from the host's boot, so this is exact
     inside a container as well; None when /proc cannot be read.
     """
-    start = process_start_time(1)
+    start = process_start_time(init_pid)
     try:
         with open("/proc/uptime", encoding="ascii") as fh:
             uptime = float(fh.read().split()[0])
@@ -234,16 +237,17 @@ def pci_bus_id(index):
     return "00000000:%02X:00.0" % bus
 
 
-def _read_records():
+def _read_records(alloc_dir=None):
+    alloc_dir = alloc_dir or _alloc_dir()
     records = []
     try:
-        names = sorted(os.listdir(_alloc_dir()))
+        names = sorted(os.listdir(alloc_dir))
     except FileNotFoundError:
         return records
     for name in names:
         if not name.endswith(".json"):
             continue
-        path = os.path.join(_alloc_dir(), name)
+        path = os.path.join(alloc_dir, name)
         try:
             with open(path, encoding="utf-8") as fh:
                 rec = json.load(fh)
@@ -404,6 +408,124 @@ def container_view(gpus, passthrough):
                 procs.append({"pid": FOREIGN_HOST_PID + g["index"], "name": NOT_FOUND, "used_mib": g["foreign_mib"]})
         view.append(dict(g, processes=sorted(procs, key=lambda p: p["pid"])))
     return view
+
+
+# ---------------------------------------------------------------------------------------------
+# the node's view: nvidia-smi on the lab host, where the GPUs of several containers meet
+
+# vmids of the lab containers whose simulated GPUs are the node's GPUs (whitespace-separated);
+# missing or empty: the node shows no GPU.
+NODE_TENANTS_FILE = "/etc/dflash-lab/node-gpus"
+
+
+def pid_namespace(pid):
+    """The PID namespace of ``pid`` (``pid:[4026531836]``), None when it cannot be read."""
+    try:
+        return os.readlink("/proc/%d/ns/pid" % int(pid))
+    except OSError:
+        return None
+
+
+def host_pids(namespace):
+    """{pid inside ``namespace``: host pid} for every process of that PID namespace (the last
+    field of NSpid in /proc/<pid>/status is the pid as the namespace's own processes see it)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or pid_namespace(name) != namespace:
+            continue
+        try:
+            with open("/proc/%s/status" % name, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("NSpid:"):
+                        found[int(line.split()[-1])] = int(name)
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def tenant_holdings(state, init_pid, now=None):
+    """What one container's allocations hold, seen from the node: [(record, host pid or None)].
+
+    A record counts while its holder lives (its pid inside the container mapped to a host pid
+    with the same start time), or after its death within the container's release delay (no
+    process then, like a stuck context); records from before the container booted never count.
+    Read-only: the container's own nvidia-smi keeps its records.
+    """
+    now = time.time() if now is None else now
+    cfg = load_config(os.path.join(state, "config.json"))
+    delay = cfg.get("release_delay_s")
+    booted = boot_time(init_pid)
+    mapping = host_pids(pid_namespace(init_pid))
+    held = []
+    for rec in _read_records(os.path.join(state, "alloc")):
+        if _from_earlier_boot(rec, booted):
+            continue
+        host_pid = mapping.get(rec["pid"])
+        if host_pid is not None and process_start_time(host_pid) == rec.get("start_time"):
+            held.append((rec, host_pid))
+            continue
+        dead_since = rec.get("dead_since", now) or now
+        if delay is not None and delay >= 0 and now - dead_since >= delay:
+            continue
+        held.append((rec, None))
+    return held
+
+
+def node_view(tenants, now=None):
+    """The node's GPUs: every tenant's allocations on one set of GPUs (shaped as the first
+    tenant's configuration), each live holder under its host PID and host-side name.
+    ``tenants``: [(state dir, init pid)]; no tenant: no GPU."""
+    if not tenants:
+        return []
+    cfg = load_config(os.path.join(tenants[0][0], "config.json"))
+    gpus = []
+    holdings = [h for state, init_pid in tenants for h in tenant_holdings(state, init_pid, now)]
+    for index in range(cfg["count"]):
+        mine = [(rec, pid) for rec, pid in holdings if rec["gpu"] == index]
+        procs = {}
+        for rec, pid in mine:
+            if pid is not None:
+                entry = procs.setdefault(pid, {"pid": pid, "name": _process_name(pid), "used_mib": 0})
+                entry["used_mib"] += int(rec["mib"])
+        gpus.append({
+            "index": index,
+            "uuid": gpu_uuid(index, cfg["uuid_seed"]),
+            "name": cfg["name"],
+            "pci_bus_id": pci_bus_id(index),
+            "used_mib": sum(int(rec["mib"]) for rec, _pid in mine),
+            "total_mib": cfg["memory_mib"],
+            "util_pct": (100 - index % 4) if procs else 0,
+            "error": None,
+            "processes": sorted(procs.values(), key=lambda p: p["pid"]),
+            "foreign_mib": 0,
+        })
+    return gpus
+
+
+def lab_tenants(path=NODE_TENANTS_FILE):
+    """[(state dir, init pid)] of the running lab containers listed in ``path``."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            vmids = fh.read().split()
+    except FileNotFoundError:
+        return []
+    tenants = []
+    for vmid in vmids:
+        res = subprocess.run(["lxc-info", "-n", vmid, "-p", "-H"], capture_output=True, text=True, check=False)
+        pid = res.stdout.strip()
+        if res.returncode == 0 and pid.isdigit():
+            tenants.append(("/proc/%s/root%s" % (pid, DEFAULT_STATE_DIR), int(pid)))
+    return tenants
+
+
+def node_smi_main(argv=None):
+    """nvidia-smi on the lab host: the GPUs of the containers in NODE_TENANTS_FILE."""
+    tenants = lab_tenants(os.environ.get("FAKEGPU_NODE_TENANTS_FILE") or NODE_TENANTS_FILE)
+    rc, text = smi(sys.argv[1:] if argv is None else argv, view=lambda: node_view(tenants))
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return rc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -619,13 +741,20 @@ def _table(gpus):
     return "\n".join(out) + "\n"
 
 
-def smi(argv):
-    """Run the nvidia-smi stand-in on ``argv`` (without the program name) -> (rc, stdout)."""
+def smi(argv, view=None):
+    """Run the nvidia-smi stand-in on ``argv`` (without the program name) -> (rc, stdout).
+
+    ``view``: a callable returning the GPUs to render (node_view for the node's nvidia-smi);
+    default: this container's GPUs as nvidia-smi inside it shows them.
+    """
     try:
         opts = _parse_smi_args(argv)
-        if os.path.exists(os.path.join(state_dir(), "driver_error")):
-            raise _SmiExit(9, DRIVER_ERROR_TEXT + "\n")
-        gpus = container_view(snapshot(), load_config()["passthrough"])
+        if view is None:
+            if os.path.exists(os.path.join(state_dir(), "driver_error")):
+                raise _SmiExit(9, DRIVER_ERROR_TEXT + "\n")
+            gpus = container_view(snapshot(), load_config()["passthrough"])
+        else:
+            gpus = view()
         if not gpus:
             raise _SmiExit(6, "No devices were found\n")
         if opts["mode"] == "list":

@@ -162,6 +162,18 @@ options:
     vars:
       - name: pct_local
       - name: ansible_pct_local
+  pct_node:
+    description:
+      - >-
+        Run on the Proxmox node itself, not in the container - no C(pct), no C(sudo) - over the same
+        ssh connection (or locally with O(pct_local)). For tasks that read the node, e.g.
+        P(dflash.trainer.trainer_node_gpus#module) reading the node's nvidia-smi; set it in the task's
+        C(vars) (C(ansible_pct_node: true)), with the node's C(ansible_python_interpreter).
+    type: boolean
+    default: false
+    vars:
+      - name: pct_node
+      - name: ansible_pct_node
   pct_sudo:
     description: Prefix C(sudo -n) to C(pct) on the host (for a non-root O(remote_user)).
     type: boolean
@@ -505,6 +517,8 @@ class Connection(ConnectionBase):
         return self._pct_argv(['/bin/sh', '-c', RUN_SCRIPT, 'sh', cmd])
 
     def _pct_argv(self, container_argv: list[str]) -> list[str]:
+        if self.get_option('pct_node'):  # on the node itself: the same argv, no pct, no sudo
+            return list(container_argv)
         argv = [to_text(self.get_option('pct_path')), 'exec', self._vmid, '--'] + list(container_argv)
         if self.get_option('pct_sudo'):
             argv = ['sudo', '-n'] + argv

@@ -102,10 +102,12 @@ def stop(run, systemctl, unit):
 # drain
 
 def drain(run, nvidia_smi, gpus=None, max_mib=1024, consecutive=2, interval_s=1.0, timeout_s=60.0,
-          clock=time.monotonic, sleep=time.sleep, tick=None):
-    """Poll until every selected GPU is at or below max_mib (DrainJudge) -> details."""
+          clock=time.monotonic, sleep=time.sleep, tick=None, allowance=None):
+    """Poll until every selected GPU is at or below max_mib (+ its ``allowance``: other tenants'
+    memory) (DrainJudge) -> details."""
     start = clock()
-    judge = DrainJudge(max_mib=max_mib, consecutive=consecutive, timeout_s=timeout_s, gpus=gpus, start=start)
+    judge = DrainJudge(max_mib=max_mib, consecutive=consecutive, timeout_s=timeout_s, gpus=gpus, start=start,
+                       allowance=allowance)
     while True:
         try:
             # the process list only names holders in the failure message; memory decides
@@ -222,13 +224,22 @@ def measured(analysis, marks, now, window_s):
     return figures
 
 
+def ours(gpus_mib, baseline):
+    """Memory the trainer holds: each GPU's reading less what it held before the start (the
+    drain's last sample: another tenant's memory, a residue below the drain limit), never below 0."""
+    if not baseline:
+        return gpus_mib
+    return {i: (None if m is None else max(0, m - (baseline.get(i) or 0))) for i, m in gpus_mib.items()}
+
+
 def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_s=1.0,
-          clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None):
+          clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None, baseline=None):
     """Poll the unit, the GPUs and this start's log until the Judge says READY (-> the proof's
     details, with ``figures``: tok/s median, p10, p90 and n over the last ``measure_s`` seconds
     (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
     the log tail). A ``measure_s`` longer than the hold keeps watching after READY; the trainer
-    failing then fails the proof."""
+    failing then fails the proof. ``baseline``: {index: MiB} held before the start, never counted
+    as the trainer's (see ``ours``)."""
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
                         error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes)
@@ -239,7 +250,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     show_cmd = show_argv(unit, systemctl=systemctl)
 
     def observe(props, gpus):
-        return judge.observe(Snapshot(now=clock(), unit=props, gpus_mib=memory_by_index(gpus),
+        return judge.observe(Snapshot(now=clock(), unit=props, gpus_mib=ours(memory_by_index(gpus), baseline),
                                       log=follower.analysis))
 
     while True:
@@ -263,6 +274,10 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         if verdict.state == READY:
             if measuring_until[0] is None:
                 proof = dict(verdict.details, msg=verdict.reason)
+                if baseline and any(baseline.values()):
+                    proof["baseline_mib"] = {i: m for i, m in baseline.items() if m}
+                    proof["baseline_words"] = ", ".join(
+                        "GPU %s %s MiB" % (i, m) for i, m in sorted(proof["baseline_mib"].items()))
                 measuring_until[0] = clock() + max(0.0, (measure_s or 0) - expect.hold_s)
             if clock() >= measuring_until[0]:
                 window = float(measure_s or expect.hold_s)

@@ -102,15 +102,17 @@ def command_problem(argv, release_dir, path=SYSTEMD_PATH, release=None):
     return None
 
 
-def gpu_problem(gpus, indexes, max_mib, running, trainer_pids, visible_pid=None):
+def gpu_problem(gpus, indexes, max_mib, running, trainer_pids, visible_pid=None, allowance=None):
     """Why a trainer GPU is held by someone else (words), or None.
 
     ``gpus``: read_gpus() output (index, memory_used_mib, processes with pid). The trainer not
     running: any trainer GPU above ``max_mib`` is someone else's. Running: a listed holder whose
     pid is visible here and not the trainer's is someone else's; when nvidia-smi lists no
     visible PIDs (a container: the driver reports host PIDs) memory cannot be attributed, and the
-    drain gate after the stop stays the judge.
+    drain gate after the stop stays the judge. ``allowance``: {index: MiB} other tenants hold
+    (the node's view): allowed on top of ``max_mib``, as the drain gate allows it.
     """
+    allowance = allowance or {}
     visible_pid = visible_pid or (lambda pid: os.path.exists("/proc/%d" % pid))
     by_index = dict((g.get("index"), g) for g in gpus)
     held = []
@@ -120,7 +122,7 @@ def gpu_problem(gpus, indexes, max_mib, running, trainer_pids, visible_pid=None)
         if g is None:
             continue
         used = g.get("memory_used_mib")
-        if used is None or used <= max_mib:
+        if used is None or used <= max_mib + allowance.get(i, 0):
             continue
         held.append((i, used))
         for proc in g.get("processes") or []:

@@ -391,9 +391,13 @@ def holders_words(gpus, indexes):
 class DrainJudge(object):
     """Every selected GPU at or below ``max_mib`` on ``consecutive`` samples in a row; FAILED
     at ``timeout_s`` naming the GPUs still held and the holders nvidia-smi shows (inside a
-    container often none: memory is judged from the per-GPU figures only)."""
+    container often none: memory is judged from the per-GPU figures only).
 
-    def __init__(self, max_mib=1024, consecutive=2, timeout_s=60.0, gpus=None, start=None):
+    ``allowance``: {index: MiB} other tenants hold on that GPU (known from the node's view,
+    read before the stop): it is allowed on top of ``max_mib``."""
+
+    def __init__(self, max_mib=1024, consecutive=2, timeout_s=60.0, gpus=None, start=None, allowance=None):
+        self.allowance = dict(allowance or {})
         self.max_mib = max_mib
         self.consecutive = max(1, consecutive)
         self.timeout_s = timeout_s
@@ -428,7 +432,7 @@ class DrainJudge(object):
             reason = "%s not reported by nvidia-smi (it reports %s)" % (
                 fmt_gpu_list(absent), index_ranges(mib) or "none")
             return Verdict(FAILED, reason, dict(details, reason=reason))
-        held = [i for i in indexes if mib[i] is None or mib[i] > self.max_mib]
+        held = [i for i in indexes if mib[i] is None or mib[i] > self.max_mib + self.allowance.get(i, 0)]
         # a sample with no GPU at all proves nothing drained (Judge: "nvidia-smi reports no GPUs")
         self.streak = 0 if held or not indexes else self.streak + 1
         if self.streak >= self.consecutive:
@@ -436,8 +440,10 @@ class DrainJudge(object):
                 self.max_mib, self.consecutive), details)
         if now - self.start >= self.timeout_s:
             if held:
-                what = ", ".join("GPU %s %s" % (i, "%s MiB" % mib[i] if mib[i] is not None else "unreadable")
-                                 for i in held)
+                what = ", ".join("GPU %s %s%s" % (
+                    i, "%s MiB" % mib[i] if mib[i] is not None else "unreadable",
+                    " (%d of them another tenant's)" % self.allowance[i] if self.allowance.get(i) else "")
+                    for i in held)
                 holders = holders_words(gpus, held) or \
                     "none visible from here (inside a container the process list is often empty)"
                 reason = "GPU memory still held after %s s: %s; holders: %s" % (

@@ -66,6 +66,10 @@ options:
     description: The nvidia-smi program.
     type: str
     default: nvidia-smi
+  gpu_foreign_mib:
+    description: Per GPU index, the MiB other tenants hold (the node's view); allowed on top of O(max_mib).
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
@@ -143,6 +147,7 @@ def main():
             unit=dict(type="str", required=True),
             gpus=dict(type="list", elements="int", default=[]),
             max_mib=dict(type="int", default=1024),
+            gpu_foreign_mib=dict(type="dict", default={}),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
         ),
         supports_check_mode=True,
@@ -198,7 +203,8 @@ def main():
             except (NvidiaSmiError, CommandTimeout) as exc:
                 module.fail_json(msg="pre-flight: %s" % exc, checks=checks)
             running, pids = unit_pids(run, p["unit"])
-            problem = gpu_problem(gpus, p["gpus"], p["max_mib"], running, pids)
+            problem = gpu_problem(gpus, p["gpus"], p["max_mib"], running, pids,
+                                  allowance={int(k): int(v) for k, v in p["gpu_foreign_mib"].items()})
             if problem:
                 module.fail_json(msg="pre-flight refused the release (the running trainer is untouched): " + problem,
                                  checks=checks)

@@ -67,6 +67,13 @@ options:
     description: A GPU at or below this many MiB counts as drained.
     type: int
     default: 1024
+  gpu_foreign_mib:
+    description:
+      - Per GPU index, the MiB other tenants hold (from the node's view, P(dflash.trainer.trainer_node_gpus#module)
+        before the stop). The drain gate allows it on top of O(drain_max_mib).
+      - Whatever a GPU holds after the drain (this included) is never counted as the trainer's by the proof.
+    type: dict
+    default: {}
   drain_timeout_s:
     description: Seconds the drain may take.
     type: float
@@ -257,6 +264,7 @@ class Steps(object):
 
     def __init__(self, p, systemctl, nvidia_smi, tick):
         self.p, self.systemctl, self.nvidia_smi, self.tick = p, systemctl, nvidia_smi, tick
+        self.baseline = None
         self.regexes = compile_regexes(p["ready_regex"], p["step_regex"], p["tokps_regex"], p["error_regexes"])
 
     def stop(self):
@@ -264,8 +272,16 @@ class Steps(object):
 
     def drain(self):
         deadline = time.monotonic() + self.p["drain_timeout_s"]
-        return drain(Runner(deadline=deadline), self.nvidia_smi, gpus=self.p["gpus"], max_mib=self.p["drain_max_mib"],
-                     timeout_s=self.p["drain_timeout_s"], tick=self.tick)
+        allowance = {int(k): int(v) for k, v in (self.p["gpu_foreign_mib"] or {}).items()}
+        try:
+            details = drain(Runner(deadline=deadline), self.nvidia_smi, gpus=self.p["gpus"],
+                            max_mib=self.p["drain_max_mib"], timeout_s=self.p["drain_timeout_s"], tick=self.tick,
+                            allowance=allowance)
+        except StepFailed as exc:
+            self.baseline = exc.details.get("gpus_mib")  # a start that goes ahead anyway (bringing back)
+            raise
+        self.baseline = details.get("gpus_mib")  # memory there before the start is never the trainer's
+        return details
 
     def purge(self):
         return purge(self.p["purge_dir"])
@@ -278,7 +294,8 @@ class Steps(object):
         deadline = time.monotonic() + p["timeout_s"]
         return prove(Runner(deadline=deadline), self.systemctl, self.nvidia_smi, p["unit"], p["log_path"],
                      expectations(invocation_id, n_restarts, p), self.regexes, interval_s=p["interval_s"],
-                     tick=self.tick, measure_s=p["measure_s"], extra_regexes=p["measure_regexes"])
+                     tick=self.tick, measure_s=p["measure_s"], extra_regexes=p["measure_regexes"],
+                     baseline=self.baseline)
 
     def unit_state(self):
         try:
@@ -457,6 +474,7 @@ def main():
             purge_dir=dict(type="str", default=""),
             gpus=dict(type="list", elements="int"),
             drain_max_mib=dict(type="int", default=1024),
+            gpu_foreign_mib=dict(type="dict", default={}),
             drain_timeout_s=dict(type="float", default=60),
             stop_timeout_s=dict(type="float", default=30),
             min_mib=dict(type="int", default=1024),

@@ -2,7 +2,7 @@
 can print e.g. "draining, held: 0 (2 s of 60)"."""
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, drain
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, drain, ours
 
 HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
 
@@ -34,3 +34,16 @@ def test_drain_returns_once_every_gpu_is_free():
     details = drain(FakeRun([30000, 0, 0]), "nvidia-smi", gpus=[0], timeout_s=30, interval_s=1,
                     clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + 1))
     assert details["samples"] == 3
+
+
+def test_drain_with_an_allowance_returns_the_sample_the_proof_subtracts():
+    now = [0.0]
+    details = drain(FakeRun([50000, 20500, 20500]), "nvidia-smi", gpus=[0], timeout_s=30, interval_s=1,
+                    allowance={0: 20000}, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + 1))
+    assert details["gpus_mib"] == {0: 20500}
+
+
+def test_memory_held_before_the_start_is_not_the_trainers():
+    assert ours({5: 50000, 6: 30000, 7: None}, {5: 20000, 7: 100}) == {5: 30000, 6: 30000, 7: None}
+    assert ours({5: 10000}, {5: 20000}) == {5: 0}  # the other tenant freed some: never negative
+    assert ours({5: 1}, None) == {5: 1}

@@ -489,3 +489,51 @@ def test_passthrough_and_foreign_cli(state):
     set_config(state, passthrough="sometimes")
     with pytest.raises(ValueError, match="passthrough must be"):
         fakegpu.load_config()
+
+
+# --------------------------------------------------------------------------------------------
+# the node's view (nvidia-smi on the lab host)
+
+def test_node_view_lists_every_tenants_holders_under_host_pids(state, holder, tmp_path):
+    """Two tenants' state dirs on one node: memory adds up per GPU, holders keep their pids (on
+    this host the container pid is the host pid), dead holders drop out, and the CSV is the
+    nvidia-smi stand-in's."""
+    other = tmp_path / "other"
+    other.mkdir()
+    set_config(state)
+    mine, theirs = holder(), holder()
+    fakegpu.allocate(5, 30000, pid=mine.pid)
+    os.environ["FAKEGPU_STATE_DIR"] = str(other)
+    try:
+        set_config(other)
+        fakegpu.allocate(5, 20000, pid=theirs.pid)
+        fakegpu.allocate(7, 1000, pid=theirs.pid)
+    finally:
+        os.environ["FAKEGPU_STATE_DIR"] = str(state)
+    tenants = [(str(state), os.getpid()), (str(other), os.getpid())]  # pytest stands for init
+    gpus = fakegpu.node_view(tenants)
+    assert [g["used_mib"] for g in gpus] == [0, 0, 0, 0, 0, 50000, 0, 1000]
+    assert [(p["pid"], p["used_mib"]) for p in gpus[5]["processes"]] == sorted(
+        [(mine.pid, 30000), (theirs.pid, 20000)])
+    rc, out = fakegpu.smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                          view=lambda: fakegpu.node_view(tenants))
+    assert rc == 0 and sorted(out.splitlines()) == sorted(
+        ["%d, 30000" % mine.pid, "%d, 20000" % theirs.pid, "%d, 1000" % theirs.pid])
+    kill(theirs)
+    assert [g["used_mib"] for g in fakegpu.node_view(tenants)] == [0, 0, 0, 0, 0, 30000, 0, 0]
+    assert fakegpu.smi(["-L"], view=lambda: fakegpu.node_view([]))[0] == 6  # no tenant: no GPU
+
+
+def test_node_view_keeps_a_dead_holders_memory_within_its_release_delay(state, holder):
+    set_config(state, release_delay_s=3600)
+    proc = holder()
+    fakegpu.allocate(2, 4000, pid=proc.pid)
+    kill(proc)
+    gpu = fakegpu.node_view([(str(state), os.getpid())])[2]
+    assert gpu["used_mib"] == 4000 and gpu["processes"] == []
+
+
+def test_host_pids_maps_this_namespace():
+    mapping = fakegpu.host_pids(fakegpu.pid_namespace(os.getpid()))
+    assert mapping[os.getpid()] == os.getpid()
+    assert fakegpu.pid_namespace(2 ** 22 + 5) is None

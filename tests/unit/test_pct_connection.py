@@ -24,7 +24,7 @@ CP = os.path.join(os.path.expanduser("~/.ansible/cp"), "dflash-%C")
 # Options that would otherwise come from ansible.cfg / the environment: pin them.
 BASE = {"remote_addr": "pve1", "proxmox_vmid": "200", "port": None, "remote_user": None,
         "private_key_file": None, "pct_path": "/usr/sbin/pct", "ssh_executable": "ssh",
-        "ssh_extra_args": "", "pct_tty": False, "pct_local": False, "pct_sudo": False,
+        "ssh_extra_args": "", "pct_tty": False, "pct_local": False, "pct_sudo": False, "pct_node": False,
         "control_persist": 60, "control_path_dir": "~/.ansible/cp", "pct_command_timeout": 1800,
         "connect_timeout": 10, "host_key_checking": True, "host_key_accept_new": False,
         "known_hosts_file": None, "pipelining": True, "pct_timeout_in_container": False}
@@ -106,6 +106,12 @@ ARGV_CASES = [
      ["/usr/sbin/pct", "exec", "200", "--", "/bin/sh", "-c", pct.RUN_SCRIPT, "sh", "echo 'a b'"]),
     ("local-sudo", {"pct_local": True, "pct_sudo": True}, "true",
      ["sudo", "-n", "/usr/sbin/pct", "exec", "200", "--", "/bin/sh", "-c", pct.RUN_SCRIPT, "sh", "true"]),
+    # on the node itself: the same ssh and mark, no pct and no sudo (the wrapper is for pct only)
+    ("node", {"pct_node": True, "pct_sudo": True, "remote_user": "dflash"}, "nvidia-smi -L",
+     ["ssh", "-T", "-l", "dflash", *SSH_OPTS, *MUX, "--", "pve1",
+      "/bin/sh -c %s sh %s" % (shlex.quote(pct.RUN_SCRIPT), shlex.quote("nvidia-smi -L"))]),
+    ("node-local", {"pct_node": True, "pct_local": True}, "true",
+     ["/bin/sh", "-c", pct.RUN_SCRIPT, "sh", "true"]),
 ]
 
 

@@ -81,3 +81,10 @@ def test_gpus_not_in_the_trainer_set_are_ignored():
 
 def test_output_tail():
     assert output_tail("a\n\nb\n", "c\n", lines=2) == ["b", "c"]
+
+
+def test_another_tenants_memory_from_the_node_view_is_allowed():
+    gpus = [{"index": 7, "memory_used_mib": 20500, "processes": []}]
+    assert gpu_problem(gpus, [7], 1024, False, set()) is not None
+    assert gpu_problem(gpus, [7], 1024, False, set(), allowance={7: 20000}) is None
+    assert gpu_problem(gpus, [7], 1024, False, set(), allowance={6: 20000}) is not None

@@ -626,6 +626,19 @@ def test_drain_absent_gpu():
     assert (v.state, v.reason) == (rd.FAILED, "GPU 8 not reported by nvidia-smi (it reports 0)")
 
 
+def test_drain_allows_another_tenants_memory_on_top_of_the_limit():
+    d = rd.DrainJudge(max_mib=1024, consecutive=1, timeout_s=10, gpus=[6, 7], allowance={7: 20000}, start=0.0)
+    assert d.observe(0, rows({6: 0, 7: 21024})).state == rd.READY  # 20000 theirs + 1024 residue
+    d = rd.DrainJudge(max_mib=1024, consecutive=1, timeout_s=10, gpus=[6, 7], allowance={7: 20000}, start=0.0)
+    assert d.observe(0, rows({6: 0, 7: 21025})).state == rd.PENDING
+    v = d.observe(10, rows({6: 2000, 7: 50000}))
+    assert v.state == rd.FAILED
+    assert v.reason.startswith("GPU memory still held after 10 s: GPU 6 2000 MiB, "
+                               "GPU 7 50000 MiB (20000 of them another tenant's); holders:")
+    # the allowance is per GPU: another GPU's tenant allows nothing on GPU 6
+    assert rd.DrainJudge(consecutive=1, gpus=[6], allowance={7: 20000}).observe(0, rows({6: 2000})).state == rd.PENDING
+
+
 def test_drain_single_sample_when_consecutive_is_one():
     assert rd.DrainJudge(consecutive=1).observe(0, rows({0: 0})).state == rd.READY
 

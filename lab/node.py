@@ -1,0 +1,63 @@
+"""The lab node's own nvidia-smi: the GPUs its containers share, seen from the node (issue 8).
+
+On a Proxmox node with GPUs passed through, nvidia-smi on the node lists every holder under its
+host PID, other containers' included. `lab.py node-gpus --ids 231 232` makes those containers'
+simulated GPUs the node's GPUs (fakegpu.NODE_TENANTS_FILE); `up` installs the stand-in
+(lab/fakegpu/nvidia-smi-node) as the node's nvidia-smi. Reading the containers' state needs root,
+which the real tool does not: the operator's sudo permits exactly that program (the lab's own
+emulation detail; the operator still has no other sudo than the pct wrapper's).
+"""
+import os
+import shutil
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE_LIB = "/usr/local/lib/dflash-lab"
+NODE_SMI = "/usr/local/bin/nvidia-smi"
+SUDOERS = "/etc/sudoers.d/dflash-lab-node-gpus"
+TENANTS_FILE = "/etc/dflash-lab/node-gpus"
+
+
+def _install(src, dst, mode):
+    tmp = dst + ".new"
+    shutil.copyfile(src, tmp)
+    os.chmod(tmp, mode)
+    os.replace(tmp, dst)
+
+
+def ensure_node_smi(operator):
+    os.makedirs(NODE_LIB, mode=0o755, exist_ok=True)
+    _install(os.path.join(HERE, "fakegpu", "fakegpu.py"), os.path.join(NODE_LIB, "fakegpu.py"), 0o644)
+    tool = os.path.join(NODE_LIB, "nvidia-smi-node")
+    _install(os.path.join(HERE, "fakegpu", "nvidia-smi-node"), tool, 0o755)
+    if os.path.realpath(NODE_SMI) != tool:
+        tmp = NODE_SMI + ".new"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(tool, tmp)
+        os.replace(tmp, NODE_SMI)
+    rule = "# written by dflash.trainer lab/node.py\n%s ALL=(root) NOPASSWD: %s\n" % (operator, tool)
+    tmp = SUDOERS + ".new"
+    with open(tmp, "w") as fh:
+        fh.write(rule)
+    os.chmod(tmp, 0o440)
+    subprocess.run(["visudo", "-cqf", tmp], check=True)
+    os.replace(tmp, SUDOERS)
+
+
+def read_tenants():
+    try:
+        with open(TENANTS_FILE, encoding="utf-8") as fh:
+            return fh.read().split()
+    except FileNotFoundError:
+        return []
+
+
+def set_tenants(ids):
+    """The containers whose GPUs are the node's (none: the node shows no GPU)."""
+    os.makedirs(os.path.dirname(TENANTS_FILE), mode=0o755, exist_ok=True)
+    tmp = TENANTS_FILE + ".new"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("".join("%s\n" % i for i in ids))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, TENANTS_FILE)

@@ -1,0 +1,166 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node's view of the GPUs: who holds their memory (pure, no I/O).
+
+Inside an LXC container nvidia-smi shows every tenant's memory and no usable process list (the
+driver reports host PIDs). On the Proxmox node itself nvidia-smi lists the host PIDs, and each
+one's ``/proc/<pid>/cgroup`` names its container and the unit inside it:
+
+* Proxmox VE (pve-container: ``lxc.cgroup.dir.container = lxc/<vmid>``, ``...inner = ns``):
+  ``0::/lxc/200/ns/system.slice/dflash-trainer.service``
+* plain LXC 5 (the lab): ``0::/lxc.payload.200/system.slice/dflash-trainer.service`` (or
+  ``lxc.payload.200-2`` when a cgroup of an earlier start was left behind)
+* cgroup v1 lines (``12:pids:/lxc/200/ns/...``) carry the same path; a process of the node
+  itself: ``0::/system.slice/foo.service`` or ``/user.slice/.../session-3.scope``.
+
+From these, each GPU's memory is split into the trainer's (our container, our unit), other
+holders in our container, other tenants (other containers, the node's own processes), and memory
+no listed process accounts for.
+"""
+
+from __future__ import annotations
+
+import re
+
+# LXC appends "-<n>" when a container's cgroup from an earlier start is still there (lxc.payload.200-2)
+_LXC_RE = re.compile(r"^/lxc(?:\.payload)?[./](?P<vmid>\d+)(?:-\d+)?(?:/ns)?(?P<inner>/.*)?$")
+_UNIT_RE = re.compile(r"^[^/]+\.(?:service|scope)$")
+
+
+def cgroup_path(text):
+    """The process's cgroup path from /proc/<pid>/cgroup: the v2 line (``0::``), else the first
+    v1 line whose path names a container, else the first v1 line; None when none is readable."""
+    first = None
+    for line in (text or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            return parts[2]
+        if first is None or (_LXC_RE.match(parts[2]) and not _LXC_RE.match(first)):
+            first = parts[2]
+    return first
+
+
+def owner(cgroup_text):
+    """(vmid or None for the node itself, unit or None) of a process, from its cgroup file."""
+    path = cgroup_path(cgroup_text)
+    if path is None:
+        return None, None
+    vmid = None
+    m = _LXC_RE.match(path)
+    if m:
+        vmid = int(m.group("vmid"))
+        path = m.group("inner") or "/"
+    unit = None
+    for part in path.split("/"):
+        if _UNIT_RE.match(part):
+            unit = part  # the innermost unit: a service's own scope or sub-unit wins
+    return vmid, unit
+
+
+def unit_name(name):
+    """``dflash-trainer`` -> ``dflash-trainer.service`` (units are compared by full name)."""
+    return name if "." in name else name + ".service"
+
+
+def who(holder):
+    """"dflash-trainer in CT 200", "pid 812 (python3) in CT 231", "pid 77 (Xorg) on the node"."""
+    unit = holder.get("unit")
+    proc = "pid %s (%s)" % (holder.get("pid"), holder.get("name") or "?")
+    what = unit[:-len(".service")] if unit and unit.endswith(".service") else (unit or proc)
+    if unit and unit.endswith(".scope"):
+        what = proc  # a session or an attached shell: the process says more than its scope
+    if holder.get("vmid") is None:
+        return "%s on the node" % what
+    return "%s in CT %s" % (what, holder["vmid"])
+
+
+def attribute(gpus, owners, vmid, unit):
+    """Split each GPU's memory by holder.
+
+    ``gpus``: parsed query-gpu rows with ``processes`` (_nvidia_smi.read_gpus on the node);
+    ``owners``: {host pid: (vmid, unit)} (from each pid's cgroup; a pid missing there is a
+    process that exited between the two reads). Returns [{index, used_mib, total_mib, holders:
+    [{pid, name, mib, vmid, unit, kind}], trainer_mib, same_ct_mib, foreign_mib, unlisted_mib}],
+    ``kind`` being ``trainer`` (our container and unit), ``same_ct`` (our container, another
+    unit) or ``foreign`` (another container, or the node itself).
+    """
+    unit = unit_name(unit)
+    out = []
+    for gpu in gpus:
+        holders = []
+        sums = {"trainer": 0, "same_ct": 0, "foreign": 0}
+        for proc in gpu.get("processes") or []:
+            pid = proc.get("pid")
+            if pid is None or pid not in owners:
+                continue
+            ct, u = owners[pid]
+            kind = "foreign" if ct != vmid else ("trainer" if u == unit else "same_ct")
+            mib = proc.get("used_memory_mib") or 0
+            holders.append({"pid": pid, "name": proc.get("process_name"), "mib": mib,
+                            "vmid": ct, "unit": u, "kind": kind})
+            sums[kind] += mib
+        used = gpu.get("memory_used_mib")
+        listed = sum(sums.values())
+        out.append({
+            "index": gpu["index"],
+            "used_mib": used,
+            "total_mib": gpu.get("memory_total_mib"),
+            "holders": holders,
+            "trainer_mib": sums["trainer"],
+            "same_ct_mib": sums["same_ct"],
+            "foreign_mib": sums["foreign"],
+            "unlisted_mib": max(0, (used or 0) - listed),
+        })
+    return out
+
+
+def _select(attribution, indexes):
+    return [a for a in attribution if indexes is None or a["index"] in indexes]
+
+
+def foreign_by_gpu(attribution, indexes=None):
+    """{index: MiB other tenants hold} on the selected GPUs (only those with some)."""
+    return {a["index"]: a["foreign_mib"] for a in _select(attribution, indexes) if a["foreign_mib"] > 0}
+
+
+def lines(attribution, indexes=None):
+    """"GPU 5: 30000 MiB held by dflash-trainer in CT 200; 20000 MiB by other-tenant in CT 231"."""
+    out = []
+    for a in _select(attribution, indexes):
+        parts = ["%d MiB %s %s" % (h["mib"], "held by" if not i else "by", who(h))
+                 for i, h in enumerate(sorted(a["holders"], key=lambda h: (h["kind"] != "trainer", -h["mib"])))]
+        if a["unlisted_mib"]:
+            parts.append("%d MiB by no process nvidia-smi lists" % a["unlisted_mib"])
+        out.append("GPU %d: %s" % (a["index"], "; ".join(parts) if parts else "0 MiB, no holder"))
+    return out
+
+
+def preflight_problem(attribution, indexes, max_mib):
+    """Before the stop: a trainer GPU on which a process of our own container other than the
+    trainer holds more than ``max_mib`` would fail the drain gate after the stop (other
+    tenants' memory does not: the drain gate allows it). None when there is none."""
+    held = [a for a in _select(attribution, indexes) if a["same_ct_mib"] > max_mib]
+    if not held:
+        return None
+    words = []
+    for a in held:
+        for h in a["holders"]:
+            if h["kind"] == "same_ct":
+                words.append("GPU %d: %d MiB held by %s" % (a["index"], h["mib"], who(h)))
+    return ("%s in this container, not by the trainer: the drain gate would fail after the stop"
+            % "; ".join(words))
+
+
+def proof_problem(attribution, indexes, min_mib):
+    """After the proof: a trainer GPU on which the trainer (our container, our unit) holds less
+    than ``min_mib`` according to the node contradicts the proof. None when every GPU agrees."""
+    short = [a for a in _select(attribution, indexes) if a["trainer_mib"] < min_mib]
+    missing = set(indexes or []) - {a["index"] for a in attribution}
+    if not short and not missing:
+        return None
+    words = ["GPU %d: the trainer holds %d MiB" % (a["index"], a["trainer_mib"]) for a in short]
+    words += ["GPU %d: not on the node" % i for i in sorted(missing)]
+    return "the node's nvidia-smi contradicts the proof (below %d MiB): %s" % (min_mib, "; ".join(words))

@@ -1,0 +1,173 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_node_gpus
+short_description: Attribute the Proxmox node's GPU memory to containers and units
+version_added: "0.4.0"
+description:
+  - >-
+    Runs on the Proxmox B(node), not in the container (the role runs it with the
+    C(dflash.trainer.pct) connection's O(ansible_pct_node=true)): C(nvidia-smi) there lists
+    every holder under its host PID, and each PID's C(/proc/<pid>/cgroup) names its container
+    and the unit inside it (C(/lxc/200/ns/system.slice/dflash-trainer.service) on Proxmox VE).
+  - Splits each GPU's memory into the trainer's (container O(vmid), unit O(unit)), other holders
+    in that container, other tenants (other containers, the node's own processes) and memory no
+    listed process accounts for.
+  - Read-only. Needs no root on the node (nvidia-smi and C(/proc/<pid>/cgroup) are readable by
+    every user), so a careful operator's ssh user can run it without any sudo rule.
+options:
+  vmid:
+    description: The trainer's container id.
+    type: int
+    required: true
+  unit:
+    description: The trainer's unit (C(.service) is added when no suffix is given).
+    type: str
+    required: true
+  gpus:
+    description: The trainer's GPUs (default every GPU the node reports).
+    type: list
+    elements: int
+  nvidia_smi:
+    description: Name (looked up in E(PATH)) or absolute path of nvidia-smi on the node.
+    type: str
+    default: nvidia-smi
+  check:
+    description:
+      - V(preflight) fails when a process of the trainer's container other than the trainer holds
+        more than O(max_mib) on a trainer GPU (the drain gate would fail after the stop).
+      - V(proof) fails when the trainer holds less than O(min_mib) on a trainer GPU.
+      - V(none) only reports.
+    type: str
+    choices: [none, preflight, proof]
+    default: none
+  max_mib:
+    description: The drain gate's limit (C(trainer_drain_max_mib)), for O(check=preflight).
+    type: int
+    default: 1024
+  min_mib:
+    description: The proof's per-GPU minimum (C(trainer_gpu_min_mib)), for O(check=proof).
+    type: int
+    default: 1024
+attributes:
+  check_mode:
+    support: full
+    description: Read-only.
+  diff_mode:
+    support: none
+    description: Returns no diff.
+author:
+  - dflash.trainer maintainers (@dflash)
+"""
+
+EXAMPLES = r"""
+- name: Who holds the node's GPUs
+  dflash.trainer.trainer_node_gpus:
+    vmid: 200
+    unit: dflash-trainer
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+  vars:
+    ansible_pct_node: true
+    ansible_python_interpreter: /usr/bin/python3
+  register: __trainer_node_gpus
+"""
+
+RETURN = r"""
+gpus:
+  description: Per GPU, its memory split by holder (see the description).
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"index": 5, "used_mib": 50000, "trainer_mib": 30000, "same_ct_mib": 0, "foreign_mib": 20000,
+            "unlisted_mib": 0, "holders": [{"pid": 81234, "name": "python3", "mib": 30000, "vmid": 200,
+            "unit": "dflash-trainer.service", "kind": "trainer"}]}]
+foreign_mib:
+  description: Per trainer GPU index, the MiB other tenants hold (GPUs with none are left out).
+  returned: success
+  type: dict
+  sample: {"7": 20000}
+lines:
+  description: >-
+    One line per trainer GPU, e.g. C(GPU 5: 30000 MiB held by dflash-trainer in CT 200).
+  returned: success
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
+    NvidiaSmiError,
+    read_gpus,
+    require,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
+    attribute,
+    foreign_by_gpu,
+    lines,
+    owner,
+    preflight_problem,
+    proof_problem,
+)
+
+
+def read_owners(gpus):
+    """{host pid: (vmid, unit)} for every listed process still alive."""
+    owners = {}
+    for gpu in gpus:
+        for proc in gpu.get("processes") or []:
+            pid = proc.get("pid")
+            if pid is None or pid in owners:
+                continue
+            try:
+                with open("/proc/%d/cgroup" % pid, encoding="utf-8", errors="replace") as fh:
+                    owners[pid] = owner(fh.read())
+            except (OSError, ValueError):
+                continue  # exited between the two reads
+    return owners
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            vmid=dict(type="int", required=True),
+            unit=dict(type="str", required=True),
+            gpus=dict(type="list", elements="int"),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            check=dict(type="str", default="none", choices=["none", "preflight", "proof"]),
+            max_mib=dict(type="int", default=1024),
+            min_mib=dict(type="int", default=1024),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    nvidia_smi = require(module, p["nvidia_smi"])
+    try:
+        gpus, warnings = read_gpus(ModuleRunner(module), nvidia_smi)
+    except NvidiaSmiError as e:
+        module.fail_json(msg="the node's %s" % e)
+    for warning in warnings:
+        module.warn("the node's nvidia-smi: " + warning)
+    split = attribute(gpus, read_owners(gpus), p["vmid"], p["unit"])
+    indexes = p["gpus"] if p["gpus"] else [a["index"] for a in split]
+    result = dict(changed=False, gpus=split, foreign_mib={str(k): v for k, v in foreign_by_gpu(split, indexes).items()},
+                  lines=lines(split, indexes))
+    problem = None
+    if p["check"] == "preflight":
+        problem = preflight_problem(split, indexes, p["max_mib"])
+    elif p["check"] == "proof":
+        problem = proof_problem(split, indexes, p["min_mib"])
+    if problem:
+        module.fail_json(msg=problem, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
