@@ -26,6 +26,7 @@ What `up` builds (all real parts, only the GPU is simulated):
   PCT_ALLOWED (`lab.py allow --ids 230 [--remove]`; none by default).
 
     python3 lab/lab.py delay SECONDS [--ids ...]  # pct start-up cost per call (0: none, the default)
+    python3 lab/lab.py node-gpus [--ids 231 232]  # containers whose GPUs are the node's (lab/node.py)
 """
 import argparse
 import glob
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import time
 
+import node  # the node's own nvidia-smi (lab/node.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.environ.get("DFLASH_LAB_CACHE", "/var/cache/dflash-lab")
@@ -567,6 +569,7 @@ def up(ids, unprivileged=False):
         ensure_shifted_rootfs()
     ensure_pct()
     ensure_operator()
+    node.ensure_node_smi(OPERATOR)
     for vmid in ids:
         ensure_container(vmid, kinds[vmid])
     ensure_sshd()
@@ -616,10 +619,13 @@ def main(argv=None):
     d = sub.add_parser("delay", help="seconds each pct call waits first (Proxmox's start-up); 0: none")
     d.add_argument("seconds", type=float)
     d.add_argument("--ids", nargs="+", default=None, help="only these containers (default: every call)")
+    g = sub.add_parser("node-gpus", help="containers whose simulated GPUs are the node's (its nvidia-smi shows "
+                                         "their holders under host PIDs); no --ids: none")
+    g.add_argument("--ids", nargs="*", default=[])
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("lab: must run as root (LXC containers, /usr/sbin/pct, sshd)")
-    if args.cmd in ("up", "down", "allow", "delay") and args.ids:
+    if args.cmd in ("up", "down", "allow", "delay", "node-gpus") and args.ids:
         bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
@@ -629,6 +635,8 @@ def main(argv=None):
         down(args.ids or lab_ids(), args.purge)
     elif args.cmd == "allow":
         allow(args.ids, args.remove)
+    elif args.cmd == "node-gpus":
+        node.set_tenants(args.ids)
     elif args.cmd == "delay":
         if args.seconds < 0:
             raise SystemExit("lab: the delay is seconds >= 0")
