@@ -493,6 +493,34 @@ def inventory_problems(v):
     return []
 
 
+def host_view_problems(v):
+    """trainer_gpu_host_view needs the dflash.trainer.pct connection (its pct_node runs a task on
+    the node itself) and a plain program path for the node's python and nvidia-smi."""
+    if not v.get("trainer_gpu_host_view"):
+        return []
+    problems = []
+    if v.get("trainer_gpu_host_view") is not True:
+        return [Problem("trainer_gpu_host_view", "is not a boolean", "true or false", v.get("trainer_gpu_host_view"))]
+    conn = str(v.get("ansible_connection") or "")
+    if conn not in ("dflash.trainer.pct", "pct"):
+        problems.append(Problem("trainer_gpu_host_view", "needs the dflash.trainer.pct connection (it reads the node "
+                                "over the same ssh), not %s" % (conn or "the default connection"),
+                                "ansible_connection: dflash.trainer.pct, or trainer_gpu_host_view: false", True))
+    python = v.get("trainer_node_python", "/usr/bin/python3")
+    if not isinstance(python, str) or not python.startswith("/") or not _PROGRAM_RE.match(python):
+        problems.append(Problem("trainer_node_python", "is not an absolute program path",
+                                "the node's python3, e.g. /usr/bin/python3", python))
+    smi = v.get("trainer_node_nvidia_smi", "nvidia-smi")
+    if not isinstance(smi, str) or not _PROGRAM_RE.match(smi):
+        problems.append(Problem("trainer_node_nvidia_smi", "is not a program name or path",
+                                "nvidia-smi, or an absolute path such as /usr/bin/nvidia-smi", smi))
+    return problems
+
+
+# a program name or absolute path: no spaces, quotes or shell characters
+_PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,4096}$")
+
+
 def check(v, entry="main"):
     """Every Problem with the variables ``v`` (the play's vars) for entry point ``entry``."""
     if entry not in ENTRIES:
@@ -518,6 +546,7 @@ def check(v, entry="main"):
     if "trainer_gpus" in v:
         problems.extend(_gpus_problems(v))
     problems.extend(_measure_problems(v))
+    problems.extend(host_view_problems(v))
     if entry == "rollback" and v.get("trainer_rollback_release"):
         rid = v["trainer_rollback_release"]
         if not isinstance(rid, str) or not _RELEASE_ID_RE.match(rid):

@@ -104,6 +104,12 @@ def test_unit_names(value, words):
     ({"proxmox_vmid": None}, "proxmox_vmid", "not set"),
     ({"proxmox_vmid": "abc"}, "proxmox_vmid", "not a container id"),
     ({"proxmox_vmid": 12}, "proxmox_vmid", "not a container id"),
+    ({"trainer_gpu_host_view": True, "ansible_connection": "community.proxmox.proxmox_pct_remote"},
+     "trainer_gpu_host_view", "needs the dflash.trainer.pct connection"),
+    ({"trainer_gpu_host_view": "yes please"}, "trainer_gpu_host_view", "not a boolean"),
+    ({"trainer_gpu_host_view": True, "trainer_node_python": "python3"}, "trainer_node_python", "absolute"),
+    ({"trainer_gpu_host_view": True, "trainer_node_nvidia_smi": "nvidia-smi; rm -rf /"}, "trainer_node_nvidia_smi",
+     "not a program"),
 ])
 def test_values(changes, var, words):
     got = problems(**changes)
@@ -217,3 +223,8 @@ def test_measurement_variables():
     assert got[0].startswith("trainer_measure_regexes['q_hs']:") and "capture group" in got[0]
     assert problems(trainer_min_tokps_ratio=-1)[0].startswith("trainer_min_tokps_ratio:")
     assert problems(trainer_measure_s=-3)[0].startswith("trainer_measure_s:")
+
+
+def test_host_view_on_with_the_pct_connection_passes():
+    assert problems(trainer_gpu_host_view=True) == []
+    assert problems(trainer_gpu_host_view=True, trainer_node_nvidia_smi="/usr/bin/nvidia-smi") == []
