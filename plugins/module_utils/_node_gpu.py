@@ -150,8 +150,8 @@ def preflight_problem(attribution, indexes, max_mib):
         for h in a["holders"]:
             if h["kind"] == "same_ct":
                 words.append("GPU %d: %d MiB held by %s" % (a["index"], h["mib"], who(h)))
-    return ("%s in this container, not by the trainer: the drain gate would fail after the stop"
-            % "; ".join(words))
+    return ("memory on the trainer's GPUs that is not the trainer's, in its own container: %s; the drain gate "
+            "would fail after the stop" % "; ".join(words))
 
 
 def proof_problem(attribution, indexes, min_mib):

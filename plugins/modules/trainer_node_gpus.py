@@ -162,6 +162,8 @@ def main():
     problem = None
     if p["check"] == "preflight":
         problem = preflight_problem(split, indexes, p["max_mib"])
+        if problem:
+            problem = "pre-flight refused the release (the running trainer is untouched): " + problem
     elif p["check"] == "proof":
         problem = proof_problem(split, indexes, p["min_mib"])
     if problem:

@@ -197,7 +197,8 @@ def test_a_holder_in_our_own_container_is_named_before_the_stop(lab, passthrough
     res = playbook(passthrough, "deploy.yml", "pt", trainer_force_restart=True, trainer_gpu_host_view=True)
     out = " ".join((res.stdout + res.stderr).split())
     assert res.returncode != 0
-    assert ("GPU 6: 4000 MiB held by leftover in CT %s in this container, not by the trainer: the drain gate "
+    assert ("pre-flight refused the release (the running trainer is untouched): memory on the trainer's GPUs that "
+            "is not the trainer's, in its own container: GPU 6: 4000 MiB held by leftover in CT %s; the drain gate "
             "would fail after the stop" % PT) in out, out[-3000:]
     assert lab.ct(PT, "systemctl", "show", "dflash-trainer", "-p", "MainPID,InvocationID").stdout == before
 

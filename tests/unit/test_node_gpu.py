@@ -107,8 +107,8 @@ def test_preflight_problem_names_our_containers_other_holders_only():
     split = attribute(gpus, OWNERS, 200, "dflash-trainer")
     assert preflight_problem(split, [5], 1024) is None  # the trainer's and another tenant's: fine
     msg = preflight_problem(split, [5, 7], 1024)
-    assert msg == ("GPU 7: 4000 MiB held by leftover in CT 200 in this container, not by the trainer: "
-                   "the drain gate would fail after the stop")
+    assert msg == ("memory on the trainer's GPUs that is not the trainer's, in its own container: "
+                   "GPU 7: 4000 MiB held by leftover in CT 200; the drain gate would fail after the stop")
     assert preflight_problem(split, [5, 7], 4000) is None  # at the drain gate's limit: it drains
 
 
