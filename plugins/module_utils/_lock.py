@@ -290,6 +290,17 @@ def acquire(path, token, owner, stale_s, clock=time.time, lease_s=None):
     return _acquire(path, token, owner, stale_s, clock, None)
 
 
+def acquire_waiting(path, token, owner, stale_s, lease_s=None, wait_s=0, clock=time.time,
+                    monotonic=time.monotonic, sleep=time.sleep):
+    """acquire(), tried again while a live holder refuses us, for up to ``wait_s`` seconds."""
+    deadline = monotonic() + max(wait_s or 0, 0)
+    while True:
+        out = acquire(path, token, owner, stale_s, clock=clock, lease_s=lease_s)
+        if out.ok or out.action != REFUSE or monotonic() >= deadline:
+            return out
+        sleep(min(1.0, max(deadline - monotonic(), 0.05)))
+
+
 def _acquire(path, token, owner, stale_s, clock, lease_s):
     try:
         with guard(path):

@@ -108,11 +108,9 @@ previous_owner:
   sample: alice on laptop
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import (
-    NONE, NOT_OURS, REFUSE, RELEASE, STALE, acquire, peek, read_lock, release)
+    NONE, NOT_OURS, REFUSE, RELEASE, STALE, acquire_waiting, peek, read_lock, release)
 
 
 def main():
@@ -143,12 +141,7 @@ def main():
             module.warn(out.msg)
         module.exit_json(changed=out.changed, action=out.action, msg="check mode: " + out.msg)
     else:
-        deadline = time.monotonic() + max(p["wait_s"], 0)
-        while True:
-            out = acquire(p["path"], p["token"], p["owner"], p["stale_s"], clock=time.time, lease_s=p["lease_s"])
-            if out.ok or out.action != REFUSE or time.monotonic() >= deadline:
-                break
-            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.05)))
+        out = acquire_waiting(p["path"], p["token"], p["owner"], p["stale_s"], lease_s=p["lease_s"], wait_s=p["wait_s"])
 
     if not out.ok:
         extra = dict(owner=out.owner()) if out.action in (REFUSE, NOT_OURS) else {}

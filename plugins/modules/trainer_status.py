@@ -23,6 +23,36 @@ options:
     description: The trainer's systemd unit.
     type: str
     required: true
+  lock:
+    description:
+      - Take the deploy lock first, as P(dflash.trainer.trainer_lock#module) does, then read - the lock and the first
+        read of what it protects in one remote call. Refused (or not taken) - the module fails with the reason, the
+        holder and RV(lock_refused). Ignored in check mode.
+    type: dict
+    suboptions:
+      path:
+        description: The lock file.
+        type: path
+        required: true
+      token:
+        description: This play's token.
+        type: str
+        required: true
+      owner:
+        description: Who holds it, in words.
+        type: str
+        default: unknown
+      stale_s:
+        description: A lock without a lease older than this is taken over.
+        type: int
+        default: 3600
+      lease_s:
+        description: The lease (seconds); a holder that stops renewing it loses the lock then.
+        type: int
+      wait_s:
+        description: Seconds to wait for a live holder.
+        type: float
+        default: 0
   trainer_root:
     description: Directory holding C(releases/), the C(current) symlink and C(last_good). Omit to skip.
     type: path
@@ -95,6 +125,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock:
+  description: What taking the lock did (O(lock) given) - V(action) (take, keep, stale), V(msg), V(previous_owner).
+  returned: when O(lock) is given, outside check mode
+  type: dict
+lock_refused:
+  description: V(true) when the lock was not taken (the module then fails).
+  returned: failure
+  type: bool
 log:
   description:
     - A start's log (O(log_lines), O(log_offset)) - invocation, release, lines, offset and inode to follow
@@ -256,6 +294,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import REFUSE, STALE, acquire_waiting
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
@@ -358,6 +397,14 @@ def main():
             log_offset=dict(type="int"),
             log_inode=dict(type="int"),
             log_wait_s=dict(type="float", default=0),
+            lock=dict(type="dict", options=dict(
+                path=dict(type="path", required=True),
+                token=dict(type="str", required=True, no_log=False),
+                owner=dict(type="str", default="unknown"),
+                stale_s=dict(type="int", default=3600),
+                lease_s=dict(type="int"),
+                wait_s=dict(type="float", default=0),
+            )),
         ),
         required_together=[("log_offset", "log_inode")],
         supports_check_mode=True,
@@ -365,6 +412,17 @@ def main():
     p = module.params
     if (p["log_lines"] > 0 or p["log_offset"] is not None) and not p["log_path"]:
         module.fail_json(msg="log_lines and log_offset read the log: log_path is required")
+    taken = None
+    if p["lock"] and not module.check_mode:
+        lk = p["lock"]
+        out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                              wait_s=lk["wait_s"])
+        if not out.ok:
+            module.fail_json(msg=out.msg, action=out.action, lock_refused=True,
+                             **(dict(owner=out.owner()) if out.action == REFUSE else {}))
+        taken = dict(action=out.action, msg=out.msg)
+        if out.action == STALE:
+            taken["previous_owner"] = out.owner()
     systemctl = module.get_bin_path("systemctl", required=True)
     run = ModuleRunner(module)  # each command bounded: 30 s
     rc, out, err = run.or_fail(show_argv(p["unit"], systemctl=systemctl))
@@ -395,6 +453,8 @@ def main():
         gpus_mib=None,
         gpus=None,
     )
+    if taken is not None:
+        result["lock"] = taken
     seconds = runtime_s(props, now_monotonic_s=time.monotonic() if running else None)
     result["seconds_since_start"] = round(seconds, 3) if seconds is not None else None
 

@@ -121,6 +121,8 @@ def test_a_second_deploy_is_refused_while_one_runs(lab, hosts, tmp_path):
         second = playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=src)
         assert second.returncode != 0
         assert "another deploy holds /run/dflash-trainer.deploy.lock" in second.stdout
+        # the refused play never touches the lock it did not take (its `always` skips the release)
+        assert lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 0 or first.poll() is not None
         out, _err = first.communicate(timeout=600)
         assert first.returncode == 0, out[-3000:]
     finally:

@@ -318,3 +318,24 @@ def test_lease_expires_a_dead_holder_and_the_refusal_says_when(tmp_path):
     out = lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45)
     assert out.ok and out.action == lk.STALE
     assert not lk.heartbeat(path, "a", 45, clock=lambda: now[0]).ok  # the old holder learns it lost it
+
+
+def test_acquire_waiting_tries_again_until_the_holder_lets_go(tmp_path):
+    from ansible_collections.dflash.trainer.plugins.module_utils import _lock
+    path = str(tmp_path / "deploy.lock")
+    assert _lock.acquire(path, "alice-token", "alice", 3600, lease_s=60).ok
+    now = [0.0]
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+        if now[0] >= 2.5:  # alice lets go after 2.5 s
+            _lock.release(path, "alice-token")
+
+    out = _lock.acquire_waiting(path, "bob-token", "bob", 3600, lease_s=60, wait_s=10,
+                                monotonic=lambda: now[0], sleep=sleep)
+    assert out.ok and out.action == _lock.TAKE and slept == [1.0, 1.0, 1.0]
+    refused = _lock.acquire_waiting(path, "carol-token", "carol", 3600, lease_s=60, wait_s=0,
+                                    monotonic=lambda: now[0], sleep=sleep)
+    assert not refused.ok and refused.action == _lock.REFUSE and "bob" in refused.msg
