@@ -13,7 +13,7 @@ version_added: "0.4.0"
 description:
   - >-
     Runs on the Proxmox B(node), not in the container (the role runs it with the
-    C(dflash.trainer.pct) connection's O(ansible_pct_node=true)): C(nvidia-smi) there lists
+    C(dflash.trainer.pct) connection's C(ansible_pct_node=true)): C(nvidia-smi) there lists
     every holder under its host PID, and each PID's C(/proc/<pid>/cgroup) names its container
     and the unit inside it (C(/lxc/200/ns/system.slice/dflash-trainer.service) on Proxmox VE).
   - Splits each GPU's memory into the trainer's (container O(vmid), unit O(unit)), other holders
