@@ -1,6 +1,8 @@
 """The field, in the lab (issue 8): check mode on a first deploy changes nothing (container 230);
 a non-root operator whose sudo allows only extras/dflash-pct-wrapper deploys and reads status
-through it (230), and the wrapper refuses a container not listed (231) and `pct stop`."""
+through it (230), and the wrapper refuses a container not listed (231) and `pct stop`; GPUs seen as
+through LXC passthrough (231), and the node's view naming holders by container and unit (231 with
+a neighbour in 232; the operator's 230)."""
 import json
 import os
 import re
@@ -80,6 +82,21 @@ def test_operator_deploys_and_reads_status_through_the_sudo_wrapper(lab, field):
     assert "unit dflash-trainer: active/running" in res.stdout
     res = playbook(op_inv, "deploy.yml", "ct")  # a no-op through the wrapper too
     assert res.returncode == 0 and "left running: release" in res.stdout, res.stdout[-3000:]
+
+
+def test_operator_reads_the_nodes_view_over_plain_ssh(lab, field):
+    """The node's view runs on the node as the operator: no pct, and no sudo rule of the
+    collection's (the lab's nvidia-smi stand-in has its own, for the containers' state)."""
+    _root_inv, op_inv = field
+    lab_cmd("node-gpus", "--ids", CT)
+    try:
+        res = playbook(op_inv, "deploy.yml", "ct", trainer_force_restart=True, trainer_gpu_host_view=True)
+        out = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 0, out[-4000:]
+        assert "GPU 0: 60000 MiB held by dflash-trainer in CT %s" % CT in out, out[-4000:]
+        assert "GPU 7: 30000 MiB held by dflash-trainer in CT %s" % CT in out
+    finally:
+        lab_cmd("node-gpus")
 
 
 def test_the_wrapper_refuses_a_container_not_listed(lab, field):
