@@ -393,6 +393,8 @@ _SUDO_REFUSED = re.compile(
     r"|\S+ is not in the sudoers file.*|account validation failure.*|PAM account management error.*"
     r"|\d+ incorrect password attempts?)")
 _SUDO_NO_PCT = re.compile(r"sudo: .*: command not found")
+# the collection's sudo wrapper for pct (extras/dflash-pct-wrapper) refusing a call: exit 77
+_WRAPPER_REFUSED = re.compile(r"\S*pct-wrapper: refused: .*")
 # the host's login shell when sudo itself is missing (exit 127): bash, dash
 _SUDO_MISSING = re.compile(r".*\bsudo: (?:command )?not found|.*\bsudo: No such file or directory")
 
@@ -462,6 +464,10 @@ def classify_failure(rc: int, stderr: str, host: str, vmid: str, pct_path: str =
         line = _first(_SUDO_NO_PCT, stderr)
         if line:
             return "pct (%s) cannot be run on %s: %s" % (pct_path, where, line)
+    if sudo and rc == 77:
+        line = _first(_WRAPPER_REFUSED, stderr)
+        if line:
+            return "the pct wrapper on %s refused the call: %s" % (where, line)
     if sudo and rc == 127:
         line = _first(_SUDO_MISSING, stderr)
         if line:

@@ -105,6 +105,8 @@ def test_the_wrapper_refuses_a_container_not_listed(lab, field):
     out = res.stdout + res.stderr
     assert res.returncode != 0
     assert "dflash-pct-wrapper: refused: container %s is not in /etc/dflash-trainer/pct-allowed" % OTHER in out, out[-3000:]
+    # a refusal of the wrapper is the transport's, like sudo's own: the host is unreachable, not failed
+    assert "the pct wrapper on 127.0.0.1 refused the call" in out and "unreachable=1" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("remote,rc,said", [

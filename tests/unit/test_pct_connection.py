@@ -215,6 +215,9 @@ CLASSIFY = [
     ("sudo-after-hostname-warning", 1, "sudo: unable to resolve host pve1: Name or service not known\n"
      "sudo: a password is required\n", S, "sudo -n for pct failed on pve1: sudo: a password is required"),
     ("sudo-pct-missing", 1, "sudo: /usr/sbin/pct: command not found\n", S, "pct (/usr/sbin/pct) cannot be run"),
+    ("wrapper-refused", 77, "dflash-pct-wrapper: refused: container 231 is not in /etc/dflash-trainer/pct-allowed\n",
+     S, "the pct wrapper on pve1 refused the call: dflash-pct-wrapper: refused: container 231 is not in"),
+    ("wrapper-text-without-sudo", 77, "dflash-pct-wrapper: refused: pct stop is not allowed\n", {}, None),
     ("sudo-missing-bash", 127, "bash: line 1: sudo: command not found\n", S, "sudo cannot be run on pve1"),
     ("sudo-missing-dash", 127, "sh: 1: sudo: not found\n", S, "sudo cannot be run on pve1"),
     ("pct-missing", 127, "bash: line 1: /usr/sbin/pct: No such file or directory\n", {},
