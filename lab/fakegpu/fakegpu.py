@@ -258,6 +258,12 @@ def _read_records(alloc_dir=None):
     return records
 
 
+def _released(dead_since, now, delay):
+    """A dead holder's memory is freed ``delay`` seconds after its death was first seen (never
+    when ``delay`` is None or negative: a stuck context)."""
+    return delay is not None and delay >= 0 and now - dead_since >= delay
+
+
 def _live_records(cfg, writable, now=None):
     """Records that still hold memory; updates dead_since / deletes released records."""
     now = time.time() if now is None else now
@@ -276,7 +282,7 @@ def _live_records(cfg, writable, now=None):
                 rec["dead_since"] = now
                 if writable:
                     _atomic_write_json(rec["_path"], _public(rec))
-            if delay is not None and delay >= 0 and now - rec["dead_since"] >= delay:
+            if _released(rec["dead_since"], now, delay):
                 if writable:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(rec["_path"])
@@ -365,29 +371,35 @@ def snapshot():
     cfg = load_config()
     with _locked(write=False) as writable:
         records = _live_records(cfg, writable)
+    holdings = [(r, r["pid"] if r["alive"] else None, r.get("name") or "") for r in records]
+    return _gpu_rows(cfg, holdings, foreign=cfg["foreign_mib"], errors=cfg["errors"])
+
+
+def _gpu_rows(cfg, holdings, foreign=None, errors=None):
+    """Per-GPU rows of ``cfg``'s GPUs from ``holdings`` [(record, pid of its live holder or None
+    (memory of a dead holder, no process), the holder's name)], ``foreign`` {"index": MiB} of
+    other tenants and ``errors`` {"index": "[bracketed value]"}."""
+    foreign, errors = foreign or {}, errors or {}
     gpus = []
     for index in range(cfg["count"]):
-        mine = [r for r in records if r["gpu"] == index]
+        mine = [h for h in holdings if h[0]["gpu"] == index]
         procs = {}
-        for rec in mine:
-            if rec["alive"]:
-                entry = procs.setdefault(
-                    rec["pid"], {"pid": rec["pid"], "name": rec.get("name") or "", "used_mib": 0})
+        for rec, pid, name in mine:
+            if pid is not None:
+                entry = procs.setdefault(pid, {"pid": pid, "name": name, "used_mib": 0})
                 entry["used_mib"] += int(rec["mib"])
-        foreign = cfg["foreign_mib"].get(str(index), 0)
-        used = sum(int(r["mib"]) for r in mine) + foreign
-        busy = any(r["alive"] for r in mine) or foreign > 0
+        extra = foreign.get(str(index), 0)
         gpus.append({
             "index": index,
             "uuid": gpu_uuid(index, cfg["uuid_seed"]),
             "name": cfg["name"],
             "pci_bus_id": pci_bus_id(index),
-            "used_mib": used,
+            "used_mib": sum(int(rec["mib"]) for rec, _pid, _name in mine) + extra,
             "total_mib": cfg["memory_mib"],
-            "util_pct": (100 - index % 4) if busy else 0,
-            "error": cfg["errors"].get(str(index)),
+            "util_pct": (100 - index % 4) if procs or extra > 0 else 0,
+            "error": errors.get(str(index)),
             "processes": sorted(procs.values(), key=lambda p: p["pid"]),
-            "foreign_mib": foreign,
+            "foreign_mib": extra,
         })
     return gpus
 
@@ -465,8 +477,7 @@ def tenant_holdings(state, init_pid, now=None):
         if host_pid is not None and process_start_time(host_pid) == rec.get("start_time"):
             held.append((rec, host_pid))
             continue
-        dead_since = rec.get("dead_since", now) or now
-        if delay is not None and delay >= 0 and now - dead_since >= delay:
+        if _released(rec.get("dead_since") or now, now, delay):
             continue
         held.append((rec, None))
     return held
@@ -479,28 +490,9 @@ def node_view(tenants, now=None):
     if not tenants:
         return []
     cfg = load_config(os.path.join(tenants[0][0], "config.json"))
-    gpus = []
-    holdings = [h for state, init_pid in tenants for h in tenant_holdings(state, init_pid, now)]
-    for index in range(cfg["count"]):
-        mine = [(rec, pid) for rec, pid in holdings if rec["gpu"] == index]
-        procs = {}
-        for rec, pid in mine:
-            if pid is not None:
-                entry = procs.setdefault(pid, {"pid": pid, "name": _process_name(pid), "used_mib": 0})
-                entry["used_mib"] += int(rec["mib"])
-        gpus.append({
-            "index": index,
-            "uuid": gpu_uuid(index, cfg["uuid_seed"]),
-            "name": cfg["name"],
-            "pci_bus_id": pci_bus_id(index),
-            "used_mib": sum(int(rec["mib"]) for rec, _pid in mine),
-            "total_mib": cfg["memory_mib"],
-            "util_pct": (100 - index % 4) if procs else 0,
-            "error": None,
-            "processes": sorted(procs.values(), key=lambda p: p["pid"]),
-            "foreign_mib": 0,
-        })
-    return gpus
+    holdings = [(rec, pid, _process_name(pid) if pid is not None else None)
+                for state, init_pid in tenants for rec, pid in tenant_holdings(state, init_pid, now)]
+    return _gpu_rows(cfg, holdings)
 
 
 def lab_tenants(path=NODE_TENANTS_FILE):
