@@ -40,6 +40,7 @@ import sys
 import time
 
 import node  # the node's own nvidia-smi (lab/node.py)
+from hostfiles import install_file, write_sudoers, write_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.environ.get("DFLASH_LAB_CACHE", "/var/cache/dflash-lab")
@@ -200,9 +201,7 @@ def ensure_shifted_rootfs():
             shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, target)
-    with open(stamp_path + ".new", "w") as fh:
-        fh.write(want)
-    os.replace(stamp_path + ".new", stamp_path)
+    write_text(stamp_path, want)
     log("shifted rootfs for unprivileged containers: %d entries owned from %d on, %.1f s (%s)"
         % (n, IDMAP_BASE, time.monotonic() - t0, target))
     return target
@@ -231,11 +230,8 @@ def container_kind(vmid):
 
 
 def record_kind(vmid, unprivileged):
-    path = kind_path(vmid)
-    with open(path + ".new", "w") as fh:
-        json.dump({"unprivileged": unprivileged,
-                   "idmap": [0, IDMAP_BASE, IDMAP_COUNT] if unprivileged else None}, fh)
-    os.replace(path + ".new", path)
+    write_text(kind_path(vmid), json.dumps({"unprivileged": unprivileged,
+                                            "idmap": [0, IDMAP_BASE, IDMAP_COUNT] if unprivileged else None}))
 
 
 def lxc_config(vmid, unprivileged=False):
@@ -362,11 +358,7 @@ def ensure_container(vmid, unprivileged=False):
 
 
 def ensure_pct():
-    src = os.path.join(HERE, "pct")
-    tmp = PCT_PATH + ".new"
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, PCT_PATH)
+    install_file(os.path.join(HERE, "pct"), PCT_PATH, 0o755)
 
 
 def ensure_operator():
@@ -375,21 +367,13 @@ def ensure_operator():
         run(["useradd", "--create-home", "--shell", "/bin/bash", OPERATOR])
     # '*': no password, yet not locked ('!'), so sshd (UsePAM no) lets the key in
     run(["usermod", "-p", "*", OPERATOR])
-    tmp = WRAPPER_PATH + ".new"
     os.makedirs(os.path.dirname(WRAPPER_PATH), exist_ok=True)
-    shutil.copyfile(os.path.join(HERE, "..", "extras", "dflash-pct-wrapper"), tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, WRAPPER_PATH)
+    install_file(os.path.join(HERE, "..", "extras", "dflash-pct-wrapper"), WRAPPER_PATH, 0o755)
     os.makedirs(os.path.dirname(PCT_ALLOWED), mode=0o755, exist_ok=True)
     if not os.path.exists(PCT_ALLOWED):
         write_allowed([])
-    rule = "# written by dflash.trainer lab/lab.py\n%s ALL=(root) NOPASSWD: %s\n" % (OPERATOR, WRAPPER_PATH)
-    tmp = SUDOERS + ".new"
-    with open(tmp, "w") as fh:
-        fh.write(rule)
-    os.chmod(tmp, 0o440)
-    run(["visudo", "-cqf", tmp])
-    os.replace(tmp, SUDOERS)
+    write_sudoers(SUDOERS, "# written by dflash.trainer lab/lab.py\n%s ALL=(root) NOPASSWD: %s\n"
+                  % (OPERATOR, WRAPPER_PATH))
 
 
 def read_allowed():
@@ -401,12 +385,8 @@ def read_allowed():
 
 
 def write_allowed(ids):
-    tmp = PCT_ALLOWED + ".new"
-    with open(tmp, "w") as fh:
-        fh.write("# containers the lab operator (%s) may reach through %s; lab.py allow\n" % (OPERATOR, WRAPPER_PATH))
-        fh.write("".join("%s\n" % i for i in sorted(set(ids), key=int)))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, PCT_ALLOWED)
+    write_text(PCT_ALLOWED, "# containers the lab operator (%s) may reach through %s; lab.py allow\n"
+               % (OPERATOR, WRAPPER_PATH) + "".join("%s\n" % i for i in sorted(set(ids), key=int)))
 
 
 def allow(ids, remove):
@@ -424,9 +404,7 @@ def set_delay(seconds, ids):
             if os.path.exists(path):
                 os.unlink(path)
         else:
-            with open(path + ".new", "w") as fh:
-                fh.write("%g\n" % seconds)
-            os.replace(path + ".new", path)
+            write_text(path, "%g\n" % seconds)
         log("%s: %g s per pct call" % (path, seconds))
 
 
@@ -517,11 +495,7 @@ def write_known_hosts(host_pub_path):
                 return
     except OSError:
         pass
-    tmp = KNOWN_HOSTS + ".new"
-    with open(tmp, "w") as fh:
-        fh.write(line)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, KNOWN_HOSTS)
+    write_text(KNOWN_HOSTS, line)
 
 
 def ssh_argv():

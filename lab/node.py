@@ -8,8 +8,8 @@ which the real tool does not: the operator's sudo permits exactly that program (
 emulation detail; the operator still has no other sudo than the pct wrapper's).
 """
 import os
-import shutil
-import subprocess
+
+from hostfiles import install_file, write_sudoers, write_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_LIB = "/usr/local/lib/dflash-lab"
@@ -18,31 +18,18 @@ SUDOERS = "/etc/sudoers.d/dflash-lab-node-gpus"
 TENANTS_FILE = "/etc/dflash-lab/node-gpus"
 
 
-def _install(src, dst, mode):
-    tmp = dst + ".new"
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, mode)
-    os.replace(tmp, dst)
-
-
 def ensure_node_smi(operator):
     os.makedirs(NODE_LIB, mode=0o755, exist_ok=True)
-    _install(os.path.join(HERE, "fakegpu", "fakegpu.py"), os.path.join(NODE_LIB, "fakegpu.py"), 0o644)
+    install_file(os.path.join(HERE, "fakegpu", "fakegpu.py"), os.path.join(NODE_LIB, "fakegpu.py"), 0o644)
     tool = os.path.join(NODE_LIB, "nvidia-smi-node")
-    _install(os.path.join(HERE, "fakegpu", "nvidia-smi-node"), tool, 0o755)
+    install_file(os.path.join(HERE, "fakegpu", "nvidia-smi-node"), tool, 0o755)
     if os.path.realpath(NODE_SMI) != tool:
         tmp = NODE_SMI + ".new"
         if os.path.lexists(tmp):
             os.unlink(tmp)
         os.symlink(tool, tmp)
         os.replace(tmp, NODE_SMI)
-    rule = "# written by dflash.trainer lab/node.py\n%s ALL=(root) NOPASSWD: %s\n" % (operator, tool)
-    tmp = SUDOERS + ".new"
-    with open(tmp, "w") as fh:
-        fh.write(rule)
-    os.chmod(tmp, 0o440)
-    subprocess.run(["visudo", "-cqf", tmp], check=True)
-    os.replace(tmp, SUDOERS)
+    write_sudoers(SUDOERS, "# written by dflash.trainer lab/node.py\n%s ALL=(root) NOPASSWD: %s\n" % (operator, tool))
 
 
 def read_tenants():
@@ -56,8 +43,4 @@ def read_tenants():
 def set_tenants(ids):
     """The containers whose GPUs are the node's (none: the node shows no GPU)."""
     os.makedirs(os.path.dirname(TENANTS_FILE), mode=0o755, exist_ok=True)
-    tmp = TENANTS_FILE + ".new"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("".join("%s\n" % i for i in ids))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, TENANTS_FILE)
+    write_text(TENANTS_FILE, "".join("%s\n" % i for i in ids))
