@@ -121,6 +121,11 @@ def _select(attribution, indexes):
     return [a for a in attribution if indexes is None or a["index"] in indexes]
 
 
+def mib_by_index(raw):
+    """``{"7": 20000}`` (a module argument: its keys come as strings) -> ``{7: 20000}``."""
+    return {int(k): int(v) for k, v in (raw or {}).items()}
+
+
 def foreign_by_gpu(attribution, indexes=None):
     """{index: MiB other tenants hold} on the selected GPUs (only those with some)."""
     return {a["index"]: a["foreign_mib"] for a in _select(attribution, indexes) if a["foreign_mib"] > 0}

@@ -107,6 +107,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
     locate,
     read_gpus,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight import (
     SYSTEMD_PATH,
     command_problem,
@@ -204,7 +205,7 @@ def main():
                 module.fail_json(msg="pre-flight: %s" % exc, checks=checks)
             running, pids = unit_pids(run, p["unit"])
             problem = gpu_problem(gpus, p["gpus"], p["max_mib"], running, pids,
-                                  allowance={int(k): int(v) for k, v in p["gpu_foreign_mib"].items()})
+                                  allowance=mib_by_index(p["gpu_foreign_mib"]))
             if problem:
                 module.fail_json(msg="pre-flight refused the release (the running trainer is untouched): " + problem,
                                  checks=checks)

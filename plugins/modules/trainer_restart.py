@@ -252,6 +252,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
     read_state,
     write_state,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import append_ledger, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
@@ -272,11 +273,10 @@ class Steps(object):
 
     def drain(self):
         deadline = time.monotonic() + self.p["drain_timeout_s"]
-        allowance = {int(k): int(v) for k, v in (self.p["gpu_foreign_mib"] or {}).items()}
         try:
             details = drain(Runner(deadline=deadline), self.nvidia_smi, gpus=self.p["gpus"],
                             max_mib=self.p["drain_max_mib"], timeout_s=self.p["drain_timeout_s"], tick=self.tick,
-                            allowance=allowance)
+                            allowance=mib_by_index(self.p["gpu_foreign_mib"]))
         except StepFailed as exc:
             self.baseline = exc.details.get("gpus_mib")  # a start that goes ahead anyway (bringing back)
             raise

@@ -7,6 +7,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
     cgroup_path,
     foreign_by_gpu,
     lines,
+    mib_by_index,
     owner,
     preflight_problem,
     proof_problem,
@@ -120,3 +121,8 @@ def test_proof_problem_when_the_node_disagrees():
     assert proof_problem(split, [5, 7, 3], 1024) == (
         "the node's nvidia-smi contradicts the proof (below 1024 MiB): GPU 7: the trainer holds 0 MiB; "
         "GPU 3: not on the node")
+
+
+def test_mib_by_index_reads_a_module_argument():
+    assert mib_by_index({"7": 20000, "5": "100"}) == {7: 20000, 5: 100}
+    assert mib_by_index(None) == {} and mib_by_index({}) == {}
