@@ -22,6 +22,8 @@ import posixpath
 import re
 import stat
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
 
 ENTRIES = ("main", "restart", "rollback", "status")
@@ -496,11 +498,13 @@ def inventory_problems(v):
 def host_view_problems(v):
     """trainer_gpu_host_view needs the dflash.trainer.pct connection (its pct_node runs a task on
     the node itself) and a plain program path for the node's python and nvidia-smi."""
-    if not v.get("trainer_gpu_host_view"):
-        return []
+    try:  # as Ansible reads a boolean (`-e trainer_gpu_host_view=true` arrives as a string)
+        if not boolean(v.get("trainer_gpu_host_view", False), strict=True):
+            return []
+    except TypeError:
+        return [Problem("trainer_gpu_host_view", "is not a boolean", "true or false (yes/no, 1/0)",
+                        v.get("trainer_gpu_host_view"))]
     problems = []
-    if v.get("trainer_gpu_host_view") is not True:
-        return [Problem("trainer_gpu_host_view", "is not a boolean", "true or false", v.get("trainer_gpu_host_view"))]
     conn = str(v.get("ansible_connection") or "")
     if conn not in ("dflash.trainer.pct", "pct"):
         problems.append(Problem("trainer_gpu_host_view", "needs the dflash.trainer.pct connection (it reads the node "

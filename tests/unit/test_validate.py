@@ -227,4 +227,8 @@ def test_measurement_variables():
 
 def test_host_view_on_with_the_pct_connection_passes():
     assert problems(trainer_gpu_host_view=True) == []
+    assert problems(trainer_gpu_host_view="true") == []  # -e trainer_gpu_host_view=true
+    assert problems(trainer_gpu_host_view="no", ansible_connection="community.proxmox.proxmox_pct_remote") == []
+    assert any("needs the dflash.trainer.pct connection" in p for p in problems(
+        trainer_gpu_host_view="yes", ansible_connection="community.proxmox.proxmox_pct_remote"))
     assert problems(trainer_gpu_host_view=True, trainer_node_nvidia_smi="/usr/bin/nvidia-smi") == []
