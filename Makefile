@@ -8,11 +8,13 @@ LAB_IDS ?= 200 201
 
 .PHONY: setup lab deploy test test-unit test-lab lint sanity molecule bench clean-lab collection ee
 
-$(VENV)/.installed: requirements-dev.txt
+# The project itself is installed too, editable (-e .): .venv/bin/dflash-trainer (the CLI) and the
+# API run this checkout's code right after the Quick start (tests/unit/test_quickstart_clone.py).
+$(VENV)/.installed: requirements-dev.txt pyproject.toml
 	bash .ci/host-packages
 	python3 -m venv $(VENV) || { apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	$(VENV)/bin/pip install -q -r requirements-dev.txt -e .
 	touch $@
 
 setup: $(VENV)/.installed

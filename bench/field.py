@@ -26,6 +26,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(ROOT)  # dflash_trainer, also when the checkout is not pip-installed
+
+from dflash_trainer.programs import ProgramNotFound, program_env, require_program  # noqa: E402
+
 OURS, PLAIN = "227", "228"
 CONF_DIR = os.environ.get("DFLASH_LAB_CONF", "/etc/dflash-lab")
 CALL = re.compile(r"^<[^>]+> (?:PCT )?(EXEC|PUT|FETCH)\b", re.M)
@@ -61,10 +65,19 @@ def inventories(work):
     return paths
 
 
+def ansible_playbook():
+    """ansible-playbook on PATH, else beside this Python (.venv/bin); SystemExit saying where it looked."""
+    try:
+        return require_program("ansible-playbook")
+    except ProgramNotFound as e:
+        raise SystemExit("field: %s" % e) from None
+
+
 def play(inventory, playbook, extra=None):
     """(wall seconds, remote calls, rc, output) of one -vvv ansible-playbook run."""
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    argv = ["ansible-playbook", "-vvv", "-i", inventory, playbook]
+    program = ansible_playbook()
+    env = program_env(program, dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1"))
+    argv = [program, "-vvv", "-i", inventory, playbook]
     if extra:
         argv += ["-e", json.dumps(extra)]
     began = time.monotonic()
@@ -146,6 +159,7 @@ def main(argv=None):
     p.add_argument("--delays", default="0,0.5", help="pct start-up delays to model, seconds (comma list)")
     args = p.parse_args(argv)
     delays = [float(d) for d in args.delays.split(",") if d.strip()]
+    ansible_playbook()  # before the lab is touched: a missing ansible-playbook says so, no traceback
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", OURS, PLAIN], check=True,
                    stdout=subprocess.DEVNULL)
     work = os.path.join(ROOT, "bench", "results")

@@ -218,6 +218,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not 1 <= args.bad <= len(args.ids):
         p.error("--bad must name one of the %d hosts" % len(args.ids))
+    soak.ansible_playbook()  # before the lab is touched: a missing ansible-playbook says so, no traceback
     return run(args)
 
 

@@ -25,8 +25,10 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.append(ROOT)  # dflash_trainer, also when the checkout is not pip-installed
 
 import benchlib as bl  # noqa: E402  pylint: disable=wrong-import-position
+from dflash_trainer.programs import ProgramNotFound, program_env, require_program  # noqa: E402
 
 PCT = "/usr/sbin/pct"
 SSH_KEY = "/var/lib/dflash-lab/ssh/id_ed25519"
@@ -133,15 +135,16 @@ class Bench(object):
                 forks=None, timeout=900, expect_rc=0):
         """Run ansible-playbook from the checkout; returns a dict with wall, rc, out, err, doc,
         t_start/t_end (epoch)."""
-        argv = ["ansible-playbook", "-i", self.inv(inventory), playbook]
+        program = ansible_playbook()
+        argv = [program, "-i", self.inv(inventory), playbook]
         for key, value in (extra or {}).items():
             argv += ["-e", "%s=%s" % (key, value)]
         if forks:
             argv += ["-f", str(forks)]
         if vvv:
             argv.append("-vvv")
-        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                   ANSIBLE_RETRY_FILES_ENABLED="0")
+        env = program_env(program, dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                                        ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="0"))
         env.pop("ANSIBLE_STDOUT_CALLBACK", None)
         if as_json:
             env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
@@ -515,6 +518,14 @@ def lab(action, ids):
     subprocess.run(argv, check=True, cwd=ROOT)
 
 
+def ansible_playbook():
+    """ansible-playbook on PATH, else beside this Python (.venv/bin); SystemExit saying where it looked."""
+    try:
+        return require_program("ansible-playbook")
+    except ProgramNotFound as e:
+        raise SystemExit("bench: %s" % e) from None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=None, help="repetitions of each figure (default 3; 1 with --quick)")
@@ -535,6 +546,7 @@ def main(argv=None):
     args.tree_files = args.tree_files or (300 if args.quick else 2000)
     args.copy_files = args.copy_files or (10 if args.quick else 50)
     sections = args.only or list(SECTIONS)
+    ansible_playbook()  # before the lab is touched: a missing ansible-playbook says so, no traceback
 
     t0 = time.monotonic()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -34,6 +34,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.append(ROOT)  # dflash_trainer, also when the checkout is not pip-installed
+
+from dflash_trainer.programs import ProgramNotFound, program_env, require_program  # noqa: E402
+
 PCT = "/usr/sbin/pct"
 LAB_STATE = os.environ.get("DFLASH_LAB_STATE", "/var/lib/dflash-lab")
 UNIT = "dflash-trainer"
@@ -370,16 +374,26 @@ def ansible_env(cp_dir):
                 ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_SSH_CONTROL_PATH_DIR=cp_dir)
 
 
+def ansible_playbook():
+    """ansible-playbook on PATH, else beside this Python (a venv's bin/ when run as .venv/bin/python);
+    SystemExit saying where it looked when neither has it."""
+    try:
+        return require_program("ansible-playbook")
+    except ProgramNotFound as e:
+        raise SystemExit("%s: %s" % (os.path.basename(sys.argv[0] or "bench"), e)) from None
+
+
 def playbook(inventory, extra, cp_dir, limit=None, forks=None, timeout=600):
-    argv = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", inventory,
+    program = ansible_playbook()
+    argv = [program, "-i", inventory,
             os.path.join(ROOT, "deploy.yml"), "-e", json.dumps(extra)]
     if limit:
         argv += ["-l", limit]
     if forks:
         argv += ["-f", str(forks)]
     m0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, env=ansible_env(cp_dir), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(argv, cwd=ROOT, env=program_env(program, ansible_env(cp_dir)), capture_output=True,
+                          text=True, timeout=timeout, check=False)
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - m0
 
 
@@ -502,6 +516,7 @@ def main(argv=None):
     if args.cycles < 1 or args.leak_every < 1:
         p.error("--cycles and --leak-every must be at least 1")
     log(shlex.join(["soak.py"] + (argv if argv is not None else sys.argv[1:])))
+    ansible_playbook()  # before the lab is touched: a missing ansible-playbook says so, no traceback
     return run(args)
 
 

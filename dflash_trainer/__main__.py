@@ -87,7 +87,9 @@ def describe_host(h: HostResult) -> list[str]:
 
 def describe(result: RunResult, limit: Optional[str] = None) -> str:
     lines = ["%s (runner status %s, rc %s)" % ("OK" if result.ok else "FAILED", result.status, result.rc)]
-    if not result.hosts:
+    if result.reason:  # the run could not start, or ended before its recap: say why
+        lines.extend(result.reason.splitlines())
+    elif not result.hosts:
         lines.append("no host matched%s: no host was processed (the playbooks act on the group trainer_hosts "
                      "of the inventory, or -e trainer_target_hosts=PATTERN)"
                      % (" the limit %r" % limit if limit else ""))

@@ -33,6 +33,7 @@ import sys
 import tempfile
 from typing import Any, Mapping, Optional, Tuple, Union
 
+from .programs import program_env, require_program
 from .results import RunResult, build_run_result
 
 __all__ = ["REPO_ROOT", "PLAYBOOKS", "collection_root", "find_collection", "run_playbook", "deploy", "status", "restart", "rollback", "history",
@@ -250,8 +251,17 @@ def run_playbook_live(playbook: str, *, limit: Optional[str] = None, inventory: 
             on_event(event)
         return True
 
-    kwargs = runner_kwargs(playbook, limit=limit, inventory=inventory, extravars=extravars,
-                           project_dir=project_dir, private_data_dir=pdd, timeout=timeout)
+    try:
+        # ansible-runner would look on PATH only and end with rc 127 and no word of why
+        program = require_program("ansible-playbook")
+        kwargs = runner_kwargs(playbook, limit=limit, inventory=inventory, extravars=extravars,
+                               project_dir=project_dir, private_data_dir=pdd, timeout=timeout)
+    except FileNotFoundError as e:  # the program, the configuration or the collection
+        if own_pdd:
+            shutil.rmtree(pdd, ignore_errors=True)
+        return RunResult(ok=False, rc=None, status="failed", reason="the run could not start: %s" % e)
+    # the runner starts `ansible-playbook` as found on the PATH it is given: the one found first
+    kwargs["envvars"]["PATH"] = program_env(program)["PATH"]
     flags = [flag for flag, on in (("--check", check), ("--diff", diff)) if on]
     if flags:
         kwargs["cmdline"] = " ".join(flags)
@@ -259,7 +269,10 @@ def run_playbook_live(playbook: str, *, limit: Optional[str] = None, inventory: 
         kwargs["cancel_callback"] = cancel
     try:
         runner = ansible_runner.run(event_handler=keep, **kwargs)
-        return build_run_result(events, rc=runner.rc, status=runner.status)
+        result = build_run_result(events, rc=runner.rc, status=runner.status)
+        if not result.stats and result.reason is None:
+            result.reason = no_recap_reason(program, runner.rc, runner.status, _output_tail(runner))
+        return result
     finally:
         if own_pdd:
             shutil.rmtree(pdd, ignore_errors=True)
@@ -270,6 +283,23 @@ def run_playbook_live(playbook: str, *, limit: Optional[str] = None, inventory: 
                     os.unlink(os.path.join(pdd, "env", name))
                 except OSError:
                     pass
+
+
+def _output_tail(runner, lines: int = 15) -> list:
+    """The last LINES that ansible-playbook printed (the runner's artifacts/<id>/stdout)."""
+    try:
+        with open(os.path.join(runner.config.artifact_dir, "stdout"), errors="replace") as fh:
+            return [line.rstrip("\n") for line in fh.readlines()[-lines:]]
+    except (AttributeError, OSError, ValueError):
+        return []
+
+
+def no_recap_reason(program: str, rc: Optional[int], status: Optional[str], output: list) -> str:
+    """Why a run without a play recap ended (it never got to a play, or was stopped): the program,
+    its exit status and the last lines it printed."""
+    words = "%s ended (runner status %s, rc %s) without a play recap" % (program, status, rc)
+    text = [line for line in output if line.strip()]
+    return words + (":\n" + "\n".join(text) if text else ": it printed nothing")
 
 
 def logs_extravars(extravars: Optional[Mapping[str, Any]] = None, lines: int = 20, invocation: Optional[str] = None,

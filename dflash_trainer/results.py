@@ -248,6 +248,9 @@ class RunResult:
     status: Optional[str]
     hosts: dict[str, HostResult] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    # why the run failed as a whole (it could not start: ansible-playbook not found; it ended
+    # without a play recap); None when the play ran to its recap
+    reason: Optional[str] = None
 
     def to_dict(self) -> dict:
         """JSON-ready (GPU indices stay ints; json.dumps makes them strings)."""
@@ -259,7 +262,8 @@ class RunResult:
         data = _mapping(data)
         return cls(ok=bool(data.get("ok")), rc=_int(data.get("rc")), status=_str(data.get("status")),
                    hosts=dict((h, HostResult.from_dict(r)) for h, r in _mapping(data.get("hosts")).items()),
-                   stats=dict((k, dict(v)) for k, v in _mapping(data.get("stats")).items()))
+                   stats=dict((k, dict(v)) for k, v in _mapping(data.get("stats")).items()),
+                   reason=_str(data.get("reason")))
 
     @property
     def failed_hosts(self) -> list[str]:
