@@ -14,6 +14,7 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import managed
 from ansible_collections.dflash.trainer.plugins.module_utils._validate import (
     check,
     message,
@@ -79,6 +80,10 @@ class ActionModule(ActionBase):
             return result
         if entry == "main" and not problems:
             result["source"] = describe_source(variables.get("trainer_src"))
+        if entry != "status" and not problems:
+            # what a run writes or deletes on the target: judged there by the first read (trainer_status)
+            unit_path = "/etc/systemd/system/%s.service" % variables.get("trainer_unit_name")
+            result["owned"] = [dict(variable=var, kind=kind, path=path) for var, kind, path in managed(variables, unit_path)]
         result["problems"] = [str(p) for p in problems]
         result["changed"] = False
         if problems:

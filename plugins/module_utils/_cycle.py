@@ -22,6 +22,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
     memory_by_index,
     read_gpus,
 )
+# imported here, never inside a function: the detached restart job runs after Ansible removed the
+# module's payload, so a late import fails
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import cache_problem, observe
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     FAILED,
     fmt_s,
@@ -127,18 +130,34 @@ def drain(run, nvidia_smi, gpus=None, max_mib=1024, consecutive=2, interval_s=1.
 # ---------------------------------------------------------------------------------------------
 # purge
 
-def purge(path):
-    """Delete the torchinductor cache directory (only ever called while the unit is stopped;
-    the path was checked by trainer_validate). A symlink is removed, never followed."""
+def purge(path, observe_dir=None):
+    """Delete the torchinductor cache directory (only ever called while the unit is stopped).
+
+    Judged again here, at the moment of deleting: it must be absent or look like a torchinductor
+    cache (``_ownership.cache_problem``), else the purge is refused with StepFailed (the job then
+    brings the trainer back) and nothing is deleted. A symlink is removed, never followed; a cache
+    that is a mount point is emptied, not removed (removing it fails with EBUSY)."""
     if not path:
         return False
-    if os.path.islink(path) or os.path.isfile(path):
+    if os.path.islink(path):
         os.unlink(path)
         return True
-    if os.path.isdir(path):
-        shutil.rmtree(path)
+    facts = (observe_dir or observe)(path, "cache")
+    why = cache_problem(facts)
+    if why:
+        raise StepFailed("refused to purge %s: it %s; nothing was deleted" % (path, why))
+    if not os.path.isdir(path):
+        return False
+    if os.path.ismount(path):
+        for name in os.listdir(path):
+            child = os.path.join(path, name)
+            if os.path.isdir(child) and not os.path.islink(child):
+                shutil.rmtree(child)
+            else:
+                os.unlink(child)
         return True
-    return False
+    shutil.rmtree(path)
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ import os
 import stat
 import tempfile
 
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK
+
 
 def current(path):
     """(content bytes, mode) of a regular file, or (None, None)."""
@@ -74,9 +76,14 @@ def install_file(path, content, mode, dir_mode=0o755, check_mode=False):
 
 
 def masked_env(text):
-    """An EnvironmentFile with every value replaced by ******** (for diffs: values are secrets)."""
+    """An EnvironmentFile with every value replaced by ******** (for diffs: values are secrets).
+    Every line is masked - a line without ``=`` too - except the collection's own mark line."""
     out = []
     for line in (text or "").splitlines():
-        key = line.split("=", 1)[0] if "=" in line else line
-        out.append("%s=********" % key if "=" in line else line)
+        if line == ENV_MARK or not line.strip():
+            out.append(line)
+        elif "=" in line:
+            out.append("%s=********" % line.split("=", 1)[0])
+        else:
+            out.append("********")
     return "\n".join(out) + ("\n" if out else "")

@@ -229,7 +229,7 @@ def guard(path, wait_s=None, clock=time.monotonic):
     wait_s = GUARD_WAIT_S if wait_s is None else wait_s
     deadline = clock() + wait_s
     while True:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # a planted symlink: refused (ELOOP)
         try:
             while True:
                 try:
@@ -253,7 +253,10 @@ def guard(path, wait_s=None, clock=time.monotonic):
 def _rewrite(path, record):
     """Replace the record inside our lock atomically (under the guard)."""
     tmp = os.path.join(path, RECORD + ".tmp")
-    with open(tmp, "w") as fh:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
         fh.write(json.dumps(record, sort_keys=True))
     os.replace(tmp, os.path.join(path, RECORD))
 

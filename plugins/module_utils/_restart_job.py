@@ -32,9 +32,10 @@ STATE_VERSION = 1
 
 
 def read_state(path):
-    """The job state file as a dict, or None (absent or unreadable)."""
+    """The job state file as a dict, or None (absent, unreadable, or a symlink: never followed)."""
     try:
-        with open(path) as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as fh:
             data = json.load(fh)
     except (IOError, OSError, ValueError):
         return None
@@ -42,12 +43,19 @@ def read_state(path):
 
 
 def write_state(path, data):
-    """Atomically (tmp + rename): a reader sees the old or the new state, never half of one."""
+    """Atomically (tmp + rename): a reader sees the old or the new state, never half of one.
+    Mode 0600 in a directory only root can write (0700 when made here); the temporary file is
+    created exclusively and never through a symlink."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
+        os.makedirs(directory, 0o700)
     tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
+    try:
+        os.unlink(tmp)  # a leftover of a killed job with this pid (or a planted symlink)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, sort_keys=True, default=str)
     os.replace(tmp, path)
 
@@ -88,6 +96,12 @@ def outcome_words(state):
     return "%s ended: %s" % (job, result.get("outcome") or result.get("msg") or "?")
 
 
+def _words(exc):
+    if isinstance(exc, OSError) and exc.strerror:
+        return "%s%s" % (exc.strerror, " (%s)" % exc.filename if exc.filename else "")
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 class RestartJob(object):
     """One restart (and its rollback). ``steps`` provides stop(), drain(), purge(), start(),
     prove(invocation_id, n_restarts), unit_state(); ``layout`` provides current(), last_good(),
@@ -113,17 +127,28 @@ class RestartJob(object):
         self.phases.append(name)
         self.on_phase(name, **kw)
 
+    def _step(self, name, fn, *args):
+        """Run one step; any error becomes StepFailed, so whatever fails after the stop ends in a
+        restore or a rollback with a recorded reason, never in a stranded trainer."""
+        try:
+            return fn(*args)
+        except StepFailed:
+            raise
+        except Exception as exc:  # an OSError from the purge (EBUSY), from switching current, ...
+            raise StepFailed("%s failed: %s" % (name, _words(exc)))
+
     def cycle(self, release, prefix="", strict_drain=True):
         """stop -> drain -> purge -> start -> prove on the release ``current`` points at.
 
         ``strict_drain`` False (bringing back a release that ran before): memory still held after
         the stop is noted and the start goes ahead - a trainer that ran beside it before is not
-        left stopped because of it (another tenant's memory, a leak outside the unit)."""
+        left stopped because of it (another tenant's memory, a leak outside the unit). A purge that
+        fails while bringing back is noted the same way: the start matters more than the cache."""
         self.phase(prefix + "stopping", release=release)
-        self.steps.stop()
+        self._step("stop", self.steps.stop)
         self.phase(prefix + "draining", release=release)
         try:
-            self.steps.drain()
+            self._step("drain", self.steps.drain)
         except StepFailed as exc:
             if strict_drain:
                 raise
@@ -131,11 +156,16 @@ class RestartJob(object):
                                  % ((prefix + "drain gate").strip(), exc.msg))
         if self.purge:
             self.phase(prefix + "purging", release=release)
-            self.steps.purge()
+            try:
+                self._step("purge", self.steps.purge)
+            except StepFailed as exc:
+                if strict_drain:
+                    raise
+                self.warnings.append("%s: %s; started without it" % ((prefix + "purge").strip(), exc.msg))
         self.phase(prefix + "starting", release=release)
-        started = self.steps.start()
+        started = self._step("start", self.steps.start)
         self.phase(prefix + "proving", release=release, invocation_id=started.get("invocation_id"))
-        proof = self.steps.prove(started["invocation_id"], started["n_restarts"])
+        proof = self._step("proof", self.steps.prove, started["invocation_id"], started["n_restarts"])
         return started, proof
 
     def _source_of(self, release, ledger):
@@ -198,9 +228,9 @@ class RestartJob(object):
                                      " in %s" % self.log_path if self.log_path else ""))
         else:
             self.phase("rolling back", release=last_good)
-            self.layout.switch(last_good)
             result.update(rolled_back=True, rollback_release=last_good)
             try:
+                self._step("switching current back", self.layout.switch, last_good)
                 _started, proof = self.cycle(last_good, prefix="rollback ", strict_drain=False)
                 records.append(entry(release, "rolled back", result.get("figures"), self.source, result["failure"],
                                      now=self.clock()))

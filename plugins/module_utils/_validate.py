@@ -24,6 +24,7 @@ import stat
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import placement_problem
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
 
 ENTRIES = ("main", "restart", "rollback", "status")
@@ -54,7 +55,7 @@ SECONDS_MAX = 7 * 24 * 3600
 # the description line of the unit template: how a unit of ours is recognised on the target
 UNIT_MARK = "managed by dflash.trainer"
 
-# (variable, minimum, maximum, unit words)
+# (variable, minimum, maximum, unit words); the variables in _INTEGERS take whole numbers only
 _NUMBERS = (
     ("trainer_release_keep", 1, 1000, "releases"),
     ("trainer_stop_timeout_s", 1, SECONDS_MAX, "s"),
@@ -79,12 +80,19 @@ _NUMBERS = (
     ("trainer_lock_wait_s", 0, SECONDS_MAX, "s"),
 )
 
+_INTEGERS = frozenset(("trainer_release_keep", "trainer_start_limit_burst", "trainer_drain_max_mib",
+                       "trainer_gpu_min_mib", "trainer_ready_min_steps", "trainer_log_tail_lines",
+                       "trainer_log_max_mib", "trainer_log_keep", "trainer_lock_stale_s", "trainer_lock_lease_s",
+                       "trainer_stop_timeout_s", "trainer_restart_sec", "trainer_start_limit_interval_s"))
+# Restart= values systemd.service(5) accepts
+RESTART_POLICIES = ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog", "on-abort", "always")
+
 _PATHS = ("trainer_root", "trainer_log_path", "trainer_env_file", "trainer_inductor_cache_dir",
           "trainer_launcher_path", "trainer_lock_path", "trainer_job_state_path")
 _REGEXES = ("trainer_ready_regex", "trainer_step_regex", "trainer_tokps_regex")
 
 # which variables each entry point uses (status reads only)
-_STATUS_VARS = {"trainer_root", "trainer_log_path", "trainer_unit_name", "trainer_nvidia_smi"}
+_STATUS_VARS = {"trainer_root", "trainer_log_path", "trainer_unit_name", "trainer_nvidia_smi", "trainer_env_file"}
 
 
 class Problem(object):
@@ -119,20 +127,22 @@ def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_DECIMAL_RE = re.compile(r"^-?[0-9]+(\.[0-9]+)?\Z")
+
+
 def _number(value):
-    """int/float, or a string that is one (extra vars from -e are strings); else None."""
+    """int/float, or a string that is a plain ASCII decimal (extra vars from -e are strings); else None.
+
+    Python's int() and float() also read "1_0", "1e3", " 5 ", "inf" and non-ASCII digits ("\u0665");
+    systemd reads none of these the same way, so none is a number here."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
         return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            try:
-                return float(value)
-            except ValueError:
-                return None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str) and _DECIMAL_RE.match(value):
+        return int(value) if "." not in value else float(value)
     return None
 
 
@@ -254,9 +264,13 @@ def _numbers_problems(v):
             continue
         value = v[name]
         n = _number(value)
-        accepted = "a number from %s to %s%s" % (lo, hi, (" " + unit) if unit else "")
+        whole = name in _INTEGERS
+        accepted = "a %s from %s to %s%s, written as plain decimal digits (no exponent, '_', space or non-ASCII " \
+                   "digit)" % ("whole number" if whole else "number", lo, hi, (" " + unit) if unit else "")
         if n is None:
             problems.append(Problem(name, "is not a number", accepted, value))
+        elif whole and (isinstance(n, float) or (isinstance(value, str) and "." in value)):
+            problems.append(Problem(name, "is not a whole number", accepted, value))
         elif math.isnan(n) or n < lo or n > hi:
             problems.append(Problem(name, "is out of range", accepted, value))
         else:
@@ -379,7 +393,7 @@ def _gpus_problems(v):
         return [Problem(name, "is empty or not a list", accepted, gpus)]
     ints = []
     for g in gpus:
-        n = g if _is_int(g) else (int(g) if isinstance(g, str) and re.match(r"^\d+$", g.strip()) else None)
+        n = g if _is_int(g) else (int(g) if isinstance(g, str) and re.match(r"^[0-9]+\Z", g) else None)
         if n is None or n < 0 or n > GPU_INDEX_MAX:
             return [Problem(name, "holds %s, not a GPU index" % _show(g), accepted, gpus)]
         ints.append(n)
@@ -525,6 +539,89 @@ def host_view_problems(v):
 _PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,4096}$")
 
 
+def _restart_policy_problems(v):
+    name = "trainer_restart_policy"
+    if name not in v:
+        return []
+    value = v[name]
+    if value not in RESTART_POLICIES:
+        return [Problem(name, "is not a Restart= value systemd accepts", "one of %s" % ", ".join(RESTART_POLICIES),
+                        value)]
+    return []
+
+
+def _controls(value, label, depth=0):
+    """(label, value) of the first string inside ``value`` holding a control character, or None."""
+    if isinstance(value, str):
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            return label, value
+        return None
+    if depth > 8:
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            found = _controls(k, "%s (a key)" % label, depth + 1) or _controls(item, "%s[%r]" % (label, k), depth + 1)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _controls(item, "%s[%d]" % (label, i), depth + 1)
+            if found:
+                return found
+    return None
+
+
+# checked on their own (secrets, or with their own words)
+_CONTROL_CHECKED_ELSEWHERE = frozenset(("trainer_env", "trainer_command", "trainer_preflight_command"))
+
+
+def _control_problems(v):
+    """No newline or other control character in any value: one would reach the unit file, the
+    environment file or a log line as a second line (``Restart=always\nExecStartPre=...``)."""
+    problems = []
+    for name in sorted(v):
+        if not name.startswith("trainer_") or name in _CONTROL_CHECKED_ELSEWHERE or name in _PATHS:
+            continue
+        found = _controls(v[name], name)
+        if found:
+            problems.append(Problem(found[0], "holds a control character (newline, tab, ...): it would reach the "
+                                    "unit file or a log as another line", "a value without control characters",
+                                    found[1]))
+    return problems
+
+
+def _placement_problems(v):
+    """Where a file of ours may live, judged on the text here (and on the resolved path on the target)."""
+    kinds = (("trainer_launcher_path", "launcher"), ("trainer_env_file", "env"), ("trainer_log_path", "log"),
+             ("trainer_lock_path", "lock"), ("trainer_job_state_path", "state"),
+             ("trainer_inductor_cache_dir", "cache"))
+    problems = []
+    for name, kind in kinds:
+        value = v.get(name)
+        if not isinstance(value, str) or path_problem(name, value) is not None:
+            continue
+        why = placement_problem(kind, value)
+        if why:
+            problems.append(Problem(name, why, "a path of the collection's own (e.g. the default %s)"
+                                    % _DEFAULT_PLACES.get(name, "") if name in _DEFAULT_PLACES else PATH_ACCEPTED,
+                                    value))
+    unit = v.get("trainer_unit_name")
+    if isinstance(unit, str) and unit_name_problem(unit) is None:
+        unit_path = "/etc/systemd/system/%s.service" % unit
+        for name, _kind in kinds:
+            if v.get(name) == unit_path:
+                problems.append(Problem(name, "is the unit file %s" % unit_path, "a file of its own", v.get(name)))
+    return problems
+
+
+_DEFAULT_PLACES = {"trainer_launcher_path": "/usr/local/lib/dflash-trainer/launch",
+                   "trainer_env_file": "/etc/dflash-trainer/trainer.env",
+                   "trainer_log_path": "/workspace/trainer.log",
+                   "trainer_lock_path": "/run/dflash-trainer.deploy.lock",
+                   "trainer_job_state_path": "/run/dflash-trainer/restart.json",
+                   "trainer_inductor_cache_dir": "/tmp/torchinductor_root"}
+
+
 def check(v, entry="main"):
     """Every Problem with the variables ``v`` (the play's vars) for entry point ``entry``."""
     if entry not in ENTRIES:
@@ -534,6 +631,8 @@ def check(v, entry="main"):
     problems = []
     problems.extend(inventory_problems(v))
     problems.extend(_paths_problems(v))
+    problems.extend(_placement_problems(v))
+    problems.extend(_control_problems(v))
     if "trainer_unit_name" in v:
         p = unit_name_problem(v["trainer_unit_name"])
         if p:
@@ -541,6 +640,7 @@ def check(v, entry="main"):
     if entry == "status":
         return problems
     problems.extend(_numbers_problems(v))
+    problems.extend(_restart_policy_problems(v))
     problems.extend(_regex_problems(v))
     if "trainer_command" in v:
         problems.extend(_command_problems(v))

@@ -15,6 +15,9 @@ description:
     dozen remote calls (each a C(pct) call on a Proxmox node).
   - Reports which of the three changed, so the role can decide whether the trainer must restart.
   - The environment file's content is a secret - never printed, diffs show its keys with masked values.
+  - Each file must be absent or carry the collection's mark (the unit's description, the launcher's and the
+    environment file's header line); anything else at a path - V(/usr/bin/python3), V(/etc/shadow) - is
+    refused before any write. The environment file gets the mark as its first line.
 author:
   - dflash.trainer maintainers (@dflash)
 version_added: 0.2.0
@@ -95,7 +98,11 @@ enabled_changed:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._install import current, install_file, masked_env
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK, judge, observe
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+
+
+VARIABLES = dict(launcher="trainer_launcher_path", env="trainer_env_file", unit="trainer_unit_name")
 
 
 def text(data):
@@ -120,10 +127,16 @@ def main():
     check = module.check_mode
     files = (
         ("launcher", p["launcher_path"], p["launcher_content"], 0o755, 0o755),
-        ("env", p["env_path"], p["env_content"], 0o600, 0o700),
+        ("env", p["env_path"], ENV_MARK + "\n" + p["env_content"], 0o600, 0o700),
         ("unit", p["unit_path"], p["unit_content"], 0o644, 0o755),
     )
     result = dict(changed=False)
+    # never over a file this collection did not write (trainer_status judged it too; this is the
+    # last look before the write)
+    refused = [why for why in (judge(VARIABLES[name], name, observe(path, name)) for name, path, _c, _m, _d in files)
+               if why]
+    if refused:
+        module.fail_json(msg="refused before any change on the target: %s" % "; ".join(refused), **result)
     diffs = []
     for name, path, content, mode, dir_mode in files:
         data = content.encode("utf-8")

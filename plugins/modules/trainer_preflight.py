@@ -115,6 +115,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._preflight import (
     output_tail,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout, Runner, run_bounded
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, secret_values
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, parse_show
 
 
@@ -159,15 +160,21 @@ def main():
     except ValueError:
         module.fail_json(msg="pre-flight: environment_json is not a JSON object")
     env = dict((str(k), "" if v is None else str(v)) for k, v in (environment or {}).items())
+    # trainer_env values are secrets: a pre-flight that prints its token shows *** instead
+    secrets = secret_values(env)
+
+    def fail(**kw):
+        module.fail_json(**mask(kw, secrets))
+
     path = env.get("PATH", SYSTEMD_PATH)
     checks = []
     release_dir = p["release_dir"]
     if not os.path.isdir(release_dir):
-        module.fail_json(msg="pre-flight: release directory %s does not exist" % release_dir, checks=checks)
+        fail(msg="pre-flight: release directory %s does not exist" % release_dir, checks=checks)
 
     problem = command_problem(p["command"], release_dir, path)
     if problem:
-        module.fail_json(msg="pre-flight refused the release (the running trainer is untouched): " + problem, checks=checks)
+        fail(msg="pre-flight refused the release (the running trainer is untouched): " + problem, checks=checks)
     checks.append("command %s can be executed" % p["command"][0])
 
     result = dict(changed=False, checks=checks)
@@ -180,17 +187,17 @@ def main():
         try:
             rc, out, err = run_bounded(p["preflight_command"], p["timeout_s"], env=run_env, cwd=release_dir)
         except CommandTimeout as exc:
-            module.fail_json(msg="pre-flight refused the release (the running trainer is untouched): "
+            fail(msg="pre-flight refused the release (the running trainer is untouched): "
                              "trainer_preflight_command did not finish within %g s" % p["timeout_s"],
                              output=output_tail(exc.stdout, exc.stderr), checks=checks)
         except OSError as exc:
-            module.fail_json(msg="pre-flight refused the release (the running trainer is untouched): "
+            fail(msg="pre-flight refused the release (the running trainer is untouched): "
                              "trainer_preflight_command cannot run: %s" % exc, checks=checks)
         tail = output_tail(out, err)
         result["output"] = tail
         if rc != 0:
             last = tail[-1] if tail else "no output"
-            module.fail_json(msg="pre-flight refused the release (the running trainer is untouched): "
+            fail(msg="pre-flight refused the release (the running trainer is untouched): "
                              "trainer_preflight_command exited with status %d: %s" % (rc, last),
                              output=tail, checks=checks)
         checks.append("pre-flight command exited 0 in %.1f s" % (time.monotonic() - began))
@@ -202,15 +209,15 @@ def main():
             try:
                 gpus, _warnings = read_gpus(run, nvidia_smi, processes=True)
             except (NvidiaSmiError, CommandTimeout) as exc:
-                module.fail_json(msg="pre-flight: %s" % exc, checks=checks)
+                fail(msg="pre-flight: %s" % exc, checks=checks)
             running, pids = unit_pids(run, p["unit"])
             problem = gpu_problem(gpus, p["gpus"], p["max_mib"], running, pids,
                                   allowance=mib_by_index(p["gpu_foreign_mib"]))
             if problem:
-                module.fail_json(msg="pre-flight refused the release (the running trainer is untouched): " + problem,
+                fail(msg="pre-flight refused the release (the running trainer is untouched): " + problem,
                                  checks=checks)
             checks.append("no other holder on GPUs %s" % ", ".join(str(g) for g in p["gpus"]))
-    module.exit_json(**result)
+    module.exit_json(**mask(result, secrets))
 
 
 if __name__ == "__main__":

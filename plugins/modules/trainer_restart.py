@@ -174,6 +174,11 @@ options:
     description: What the release was built from (git commit and dirty flag, or a content hash), for the ledger.
     type: str
     default: ""
+  env_file:
+    description:
+      - The trainer's environment file. Its values are secrets - each is replaced by C(***) in the job's
+        state file, the ledger, failure messages and log tails (the files are written mode 0600).
+    type: path
 notes:
   - Each job appends to the release ledger C(<root>/ledger.json) (the last 50 entries) - release, time,
     source, verdict, figures - and its result carries C(figures) and C(comparison) with the previous
@@ -254,6 +259,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import append_ledger, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
 
@@ -308,8 +314,9 @@ class Steps(object):
 
 
 class Layout(object):
-    def __init__(self, root):
+    def __init__(self, root, secrets=()):
         self.root = root
+        self.secrets = secrets
         self.ledger_path = os.path.join(root, "ledger.json")
 
     def ledger(self):
@@ -317,7 +324,7 @@ class Layout(object):
 
     def record(self, entries):
         with _Lock(self.root):
-            append_ledger(self.ledger_path, entries)
+            append_ledger(self.ledger_path, mask(entries, self.secrets))
 
     def current(self):
         return read_current(self.root)
@@ -344,6 +351,12 @@ def run_job(module):
     if nvidia_smi is None:
         module.fail_json(msg="nvidia-smi (%s) not found on the target" % p["nvidia_smi"])
     pid = os.getpid()
+    os.umask(0o077)  # the state file, the ledger and their temporary files: 0600 (log tails are kept there)
+    secrets = read_secrets(p["env_file"])
+
+    def save():
+        write_state(p["state_path"], mask(state, secrets))
+
     state = dict(version=1, job_id=p["job_id"], pid=pid, pid_start=pid_start(pid), owner=p["owner"],
                  started=time.time(), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  reasons=p["reasons"], phase="starting job", done=False)
@@ -356,7 +369,7 @@ def run_job(module):
         if waiting and now - last_said[0] >= 2.0:  # what the phase still waits for, for the watcher
             last_said[0] = now
             state.update(waiting=waiting)
-            write_state(p["state_path"], state)
+            save()
         if p["lock_path"] and (force or now - last_renew[0] >= RENEW_EVERY_S):
             last_renew[0] = now
             heartbeat(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"], job_pid=pid)
@@ -370,7 +383,7 @@ def run_job(module):
     renew(force=True)
     try:
         steps = Steps(p, systemctl, nvidia_smi, renew)
-        job = RestartJob(steps, Layout(p["root"]), rollback=p["rollback"], purge=bool(p["purge_dir"]),
+        job = RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
                          on_phase=on_phase, releases_dir=os.path.join(p["root"], "releases"),
                          log_path=p["log_path"], source=p["source"] or None,
                          min_tokps_ratio=p["min_tokps_ratio"] or None)
@@ -382,8 +395,9 @@ def run_job(module):
     finally:
         if p["lock_path"]:
             release(p["lock_path"], p["lock_token"])
+    result = mask(result, secrets)  # log tails and failure reasons: a trainer may print a token
     state.update(done=True, phase="done", finished=time.time(), result=result)
-    write_state(p["state_path"], state)
+    save()
     summary = dict(changed=True, finished=True, phase="done", result=result)
     if result.get("ok"):
         module.exit_json(**summary)
@@ -499,6 +513,7 @@ def main():
             measure_regexes=dict(type="dict", default={}),
             min_tokps_ratio=dict(type="float", default=0),
             source=dict(type="str", default=""),
+            env_file=dict(type="path"),
         ),
         supports_check_mode=True,
     )

@@ -53,6 +53,20 @@ options:
         description: Seconds to wait for a live holder.
         type: float
         default: 0
+  owned:
+    description:
+      - Every file a run writes and the directory it purges - C(variable), C(kind) (launcher, env, unit, log,
+        log_rotation, log_start, lock, lock_guard, state, cache, root) and C(path) - as
+        P(dflash.trainer.trainer_validate#module) returns them. Each path is resolved here (symlinked parents
+        included) and must be absent or carry the collection's mark (the cache - look like a torchinductor
+        cache); otherwise the module fails before the lock is taken, naming the variable and what is there,
+        with RV(lock_refused) and RV(problems).
+    type: list
+    elements: dict
+    default: []
+  env_file:
+    description: The trainer's environment file; its values are secrets, replaced by C(***) in every log line returned.
+    type: path
   trainer_root:
     description: Directory holding C(releases/), the C(current) symlink and C(last_good). Omit to skip.
     type: path
@@ -125,6 +139,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+problems:
+  description: What O(owned) refused - one line per variable, saying what is at its path (the module then fails).
+  returned: when a path of O(owned) is refused
+  type: list
+  elements: str
 lock:
   description: What taking the lock did (O(lock) given) - V(action) (take, keep, stale), V(msg), V(previous_owner).
   returned: when O(lock) is given, outside check mode
@@ -295,6 +314,8 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import REFUSE, STALE, acquire_waiting
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, observe, problems
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
@@ -397,6 +418,8 @@ def main():
             log_offset=dict(type="int"),
             log_inode=dict(type="int"),
             log_wait_s=dict(type="float", default=0),
+            owned=dict(type="list", elements="dict", default=[]),
+            env_file=dict(type="path"),
             lock=dict(type="dict", options=dict(
                 path=dict(type="path", required=True),
                 token=dict(type="str", required=True, no_log=False),
@@ -412,6 +435,9 @@ def main():
     p = module.params
     if (p["log_lines"] > 0 or p["log_offset"] is not None) and not p["log_path"]:
         module.fail_json(msg="log_lines and log_offset read the log: log_path is required")
+    refused = ownership_problems(p["owned"])
+    if refused:
+        module.fail_json(msg=refusal_message(refused), problems=refused, lock_refused=True)
     taken = None
     if p["lock"] and not module.check_mode:
         lk = p["lock"]
@@ -516,7 +542,25 @@ def main():
             result["gpus"] = [dict((k, g.get(k)) for k in GPU_KEYS) for g in gpus]
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
-    module.exit_json(**result)
+    module.exit_json(**mask(result, read_secrets(p["env_file"])))
+
+
+def ownership_problems(owned):
+    """[variable: why] for what the run may not write or delete (each path observed here)."""
+    targets = []
+    for item in owned or []:
+        variable, kind, path = item.get("variable"), item.get("kind"), item.get("path")
+        if kind not in KINDS or not isinstance(path, str) or not path.startswith("/"):
+            return ["%s: the role passed an unknown kind %r or a relative path" % (variable, kind)]
+        targets.append((variable, kind, observe(path, kind)))
+    return ["%s: %s" % (variable, why) for variable, why in problems(targets)]
+
+
+def refusal_message(refused):
+    return "refused before any change on the target (%d problem%s):\n%s" % (
+        len(refused), "" if len(refused) == 1 else "s", "\n".join("- %s; accepted: a path that is absent or holds "
+                                                                  "what dflash.trainer wrote there" % r
+                                                                  for r in refused))
 
 
 if __name__ == "__main__":

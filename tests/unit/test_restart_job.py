@@ -154,7 +154,7 @@ def test_purge_never_follows_a_symlink(tmp_path):
     link.symlink_to(keep)
     assert purge(str(link)) and (keep / "f").exists() and not link.exists()
     cache = tmp_path / "cache2"
-    (cache / "sub").mkdir(parents=True)
+    (cache / "ab").mkdir(parents=True)
     assert purge(str(cache)) and not cache.exists()
     assert purge(str(cache)) is False and purge("") is False
 

@@ -89,7 +89,7 @@ def test_unit_names(value, words):
     ({"trainer_ready_hold_s": 400, "trainer_ready_timeout_s": 300}, "trainer_ready_hold_s", "not shorter than"),
     ({"trainer_ready_hold_s": 10, "trainer_ready_stall_s": 20}, "trainer_ready_stall_s", "longer than trainer_ready_hold_s"),
     ({"trainer_ready_interval_s": 0}, "trainer_ready_interval_s", "out of range"),
-    ({"trainer_ready_timeout_s": float("nan")}, "trainer_ready_timeout_s", "out of range"),
+    ({"trainer_ready_timeout_s": float("nan")}, "trainer_ready_timeout_s", "is not a number"),
     ({"trainer_ready_regex": "("}, "trainer_ready_regex", "does not compile"),
     ({"trainer_ready_regex": ""}, "trainer_ready_regex", "empty"),
     ({"trainer_ready_regex": "x*"}, "trainer_ready_regex", "matches every line"),
