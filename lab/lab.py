@@ -21,9 +21,15 @@ What `up` builds (all real parts, only the GPU is simulated):
 - sshd on 127.0.0.1:PORT with its own host key, pid file and a client key, so playbooks take the
   real path ssh -> pct exec -> container; the host key goes into SSH_DIR/known_hosts
   (`[127.0.0.1]:PORT ssh-ed25519 ...`), so clients check it as they would a real node's;
+- each container's Proxmox config, PVE_LXC_DIR/<vmid>.conf, as pve-container writes it (`arch`,
+  `hostname`, `ostype`, and `unprivileged: 1` for an unprivileged one): what the pct wrapper
+  reads to refuse privileged containers; `down` removes it (the LXC config under LXC_PATH is what
+  really runs the container);
 - a careful operator's account: user OPERATOR (`dflash`, same lab key) whose sudo allows only the
   collection's pct wrapper (extras/dflash-pct-wrapper at WRAPPER_PATH) for the ids in
-  PCT_ALLOWED (`lab.py allow --ids 230 [--remove]`; none by default).
+  PCT_ALLOWED (`lab.py allow --ids 260 [--remove]`; none by default) that are unprivileged, or
+  privileged and listed in PCT_PRIVILEGED_ALLOWED (`lab.py allow --privileged --ids 261`: the
+  node's root for the operator; none by default, and no file).
 
     python3 lab/lab.py delay SECONDS [--ids ...]  # pct start-up cost per call (0: none, the default)
     python3 lab/lab.py node-gpus [--ids 231 232]  # containers whose GPUs are the node's (lab/node.py)
@@ -57,6 +63,11 @@ PCT_CONF_DIR = "/etc/dflash-lab"
 OPERATOR = "dflash"
 WRAPPER_PATH = "/usr/local/sbin/dflash-pct-wrapper"
 PCT_ALLOWED = "/etc/dflash-trainer/pct-allowed"
+PCT_PRIVILEGED_ALLOWED = "/etc/dflash-trainer/pct-privileged-allowed"
+# Where Proxmox keeps the containers' configs (on a node: pmxcfs, root:www-data 0640); the
+# wrapper reads `unprivileged: 1` there.
+PVE_LXC_DIR = os.environ.get("DFLASH_LAB_PVE_LXC", "/etc/pve/lxc")
+PVE_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "armhf", "i686": "i386"}
 SUDOERS = "/etc/sudoers.d/dflash-lab-operator"
 OPERATOR_KEYS = os.path.join(STATE_DIR, "operator", "authorized_keys")
 HOST_PACKAGES = ["lxc", "debootstrap", "openssh-server", "openssh-client", "sudo"]
@@ -258,6 +269,27 @@ def lxc_config(vmid, unprivileged=False):
     ])
 
 
+def pve_config(vmid, unprivileged=False, machine=None):
+    """The container's config as Proxmox's pve-container writes it: description (`#` lines)
+    first, then `key: value` lines sorted by key; `unprivileged: 1` only for an unprivileged one
+    (Proxmox writes no line for a privileged container)."""
+    machine = machine or os.uname().machine
+    keys = {"arch": PVE_ARCH.get(machine, machine), "hostname": "ct%s" % vmid, "ostype": "debian"}
+    if unprivileged:
+        keys["unprivileged"] = "1"
+    return "#written by dflash.trainer lab/lab.py (LXC runs %s/%s/config)\n" % (LXC_PATH, vmid) + \
+        "".join("%s: %s\n" % (k, keys[k]) for k in sorted(keys))
+
+
+def pve_config_path(vmid):
+    return os.path.join(PVE_LXC_DIR, "%s.conf" % vmid)
+
+
+def write_pve_config(vmid, unprivileged):
+    os.makedirs(PVE_LXC_DIR, mode=0o755, exist_ok=True)
+    write_text(pve_config_path(vmid), pve_config(vmid, unprivileged), 0o640)
+
+
 def ensure_dirs(upper, lower, rel_dir, root_id):
     """Create upper/rel_dir; each directory made takes the owner and mode of its counterpart in
     the lower layer (the merged view keeps the upper's), else root's (root_id) and 0755."""
@@ -339,6 +371,7 @@ def ensure_container(vmid, unprivileged=False):
     record_kind(vmid, unprivileged)
     with open(os.path.join(conf_dir, "config"), "w") as fh:
         fh.write(lxc_config(vmid, unprivileged))
+    write_pve_config(vmid, unprivileged)
     if not lxc_running(vmid):
         seed_container(vmid, unprivileged)
         run(["lxc-start", "-n", vmid, "-d"])
@@ -376,23 +409,38 @@ def ensure_operator():
                   % (OPERATOR, WRAPPER_PATH))
 
 
-def read_allowed():
+def read_allowed(path=PCT_ALLOWED):
     try:
-        with open(PCT_ALLOWED) as fh:
+        with open(path) as fh:
             return [w for line in fh for w in line.split("#", 1)[0].split()]
     except FileNotFoundError:
         return []
 
 
-def write_allowed(ids):
-    write_text(PCT_ALLOWED, "# containers the lab operator (%s) may reach through %s; lab.py allow\n"
-               % (OPERATOR, WRAPPER_PATH) + "".join("%s\n" % i for i in sorted(set(ids), key=int)))
+ALLOWED_HEADERS = {
+    PCT_ALLOWED: "# containers the lab operator (%s) may reach through %s; lab.py allow\n" % (OPERATOR, WRAPPER_PATH),
+    PCT_PRIVILEGED_ALLOWED: "# PRIVILEGED containers the lab operator (%s) may reach through %s - root in them is the "
+                            "node's root; lab.py allow --privileged\n" % (OPERATOR, WRAPPER_PATH),
+}
 
 
-def allow(ids, remove):
-    have = read_allowed()
-    write_allowed([i for i in have if i not in ids] if remove else have + ids)
-    log("%s: %s" % (PCT_ALLOWED, " ".join(read_allowed()) or "(none)"))
+def write_allowed(ids, path=PCT_ALLOWED):
+    write_text(path, ALLOWED_HEADERS[path] + "".join("%s\n" % i for i in sorted(set(ids), key=int)))
+
+
+def allow(ids, remove, privileged=False):
+    """Add ids to (or remove them from) the wrapper's list; --privileged: its privileged-allowed
+    list, removed when it becomes empty (the wrapper's default: no such file)."""
+    path = PCT_PRIVILEGED_ALLOWED if privileged else PCT_ALLOWED
+    have = read_allowed(path)
+    want = [i for i in have if i not in ids] if remove else have + ids
+    if privileged and not want:
+        if os.path.exists(path):
+            os.unlink(path)
+    else:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        write_allowed(want, path)
+    log("%s: %s" % (path, " ".join(read_allowed(path)) or "(none)"))
 
 
 def set_delay(seconds, ids):
@@ -507,7 +555,9 @@ def ssh_argv():
 def write_facts(ids):
     facts = {"ssh_host": "127.0.0.1", "ssh_port": SSH_PORT, "ssh_user": "root",
              "ssh_private_key": os.path.join(SSH_DIR, "id_ed25519"), "known_hosts": KNOWN_HOSTS, "pct": PCT_PATH,
-             "operator": {"ssh_user": OPERATOR, "pct_path": WRAPPER_PATH, "pct_sudo": True, "allowed": PCT_ALLOWED},
+             "operator": {"ssh_user": OPERATOR, "pct_path": WRAPPER_PATH, "pct_sudo": True, "allowed": PCT_ALLOWED,
+                          "privileged_allowed": PCT_PRIVILEGED_ALLOWED},
+             "pve_lxc": PVE_LXC_DIR,
              "pct_delay_dir": PCT_CONF_DIR,
              "containers": sorted(set(ids) | set(lab_ids()), key=int),
              "unprivileged": [i for i in lab_ids() if container_kind(i) == "unprivileged"],
@@ -556,6 +606,8 @@ def down(ids, purge):
         if lxc_running(vmid):
             run(["lxc-stop", "-n", vmid, "-k"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.rmtree(os.path.join(LXC_PATH, vmid), ignore_errors=True)
+        if os.path.exists(pve_config_path(vmid)):
+            os.unlink(pve_config_path(vmid))
         shutil.rmtree(os.path.join(STATE_DIR, "ct", vmid), ignore_errors=True)
         log("container %s removed" % vmid)
     if not lab_ids():
@@ -590,6 +642,9 @@ def main(argv=None):
     a = sub.add_parser("allow", help="containers the operator's pct wrapper may reach")
     a.add_argument("--ids", nargs="+", required=True)
     a.add_argument("--remove", action="store_true")
+    a.add_argument("--privileged", action="store_true",
+                   help="the list of privileged containers it may reach (%s): the node's root for the operator"
+                        % PCT_PRIVILEGED_ALLOWED)
     d = sub.add_parser("delay", help="seconds each pct call waits first (Proxmox's start-up); 0: none")
     d.add_argument("seconds", type=float)
     d.add_argument("--ids", nargs="+", default=None, help="only these containers (default: every call)")
@@ -608,7 +663,7 @@ def main(argv=None):
     elif args.cmd == "down":
         down(args.ids or lab_ids(), args.purge)
     elif args.cmd == "allow":
-        allow(args.ids, args.remove)
+        allow(args.ids, args.remove, args.privileged)
     elif args.cmd == "node-gpus":
         node.set_tenants(args.ids)
     elif args.cmd == "delay":

@@ -1,8 +1,9 @@
-"""The field, in the lab (issue 8): check mode on a first deploy changes nothing (container 230);
-a non-root operator whose sudo allows only extras/dflash-pct-wrapper deploys and reads status
-through it (230), and the wrapper refuses a container not listed (231) and `pct stop`; GPUs seen as
-through LXC passthrough (231), and the node's view naming holders by container and unit (231 with
-a neighbour in 232; the operator's 230)."""
+"""The field, in the lab (issue 8): check mode on a first deploy changes nothing (container 260,
+unprivileged as Proxmox creates them by default); a non-root operator whose sudo allows only
+extras/dflash-pct-wrapper deploys and reads status through it (260), and the wrapper refuses a
+container not listed (231), `pct stop` and `pct push`; GPUs seen as through LXC passthrough (231),
+and the node's view naming holders by container and unit (231 with a neighbour in 232; the
+operator's 260). The wrapper reaches only unprivileged containers: tests/lab/test_wrapper_lab.py."""
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from labkit import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = os.path.join(ROOT, "lab", "lab.py")
-CT = "230"       # fresh at the start of this module, then the operator's container
+CT = "260"       # unprivileged, fresh at the start of this module, then the operator's container
 OTHER = "231"    # exists, never listed for the operator
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
         "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
@@ -36,7 +37,8 @@ def playbook(inv_path, play, limit, *args, **extra):
 @pytest.fixture(scope="module")
 def field(lab, tmp_path_factory):
     lab_cmd("down", "--ids", CT)  # a first deploy: nothing of ours in the container
-    lab_cmd("up", "--ids", CT, OTHER)
+    lab_cmd("up", "--unprivileged", "--ids", CT)  # the wrapper reaches unprivileged containers only
+    lab_cmd("up", "--ids", OTHER)
     lab_cmd("allow", "--ids", OTHER, "--remove")
     lab_cmd("allow", "--ids", CT)
     base = tmp_path_factory.mktemp("field")
@@ -113,7 +115,8 @@ def test_the_wrapper_refuses_a_container_not_listed(lab, field):
     ("sudo -n {w} exec {other} -- true", 77, "refused: container {other} is not in"),
     ("sudo -n {w} stop {ct}", 77, "refused: pct stop is not allowed"),
     ("sudo -n {w} exec {ct} --keep-env 0 -- true", 77, "refused: exec must be: exec {ct} -- COMMAND"),
-    ("sudo -n {w} push {ct} /etc/shadow /root/shadow", 255, "unable to open file '/etc/shadow' - not readable by dflash"),
+    ("sudo -n {w} push {ct} /etc/shadow /root/shadow", 77, "refused: pct push is not allowed"),
+    ("sudo -n {w} pull {ct} /etc/shadow /tmp/shadow", 77, "refused: pct pull is not allowed"),
     ("sudo -n /usr/sbin/pct status {ct}", 1, "sudo: a password is required"),
     ("sudo -n {w} status {ct}", 0, ""),
 ])
