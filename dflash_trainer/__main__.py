@@ -1,11 +1,13 @@
 """dflash-trainer (python -m dflash_trainer) deploy|status|restart|rollback|history|logs [-l HOST]
 [-i INVENTORY] [-e k=v]... [--check] [--diff] [--json] [-q]
 dflash-trainer logs -l HOST [-n 20] [-f] [--start INVOCATION]
+dflash-trainer history -l HOST [-n 10] [--plot FILE.png|.svg|.html [--min-tokps-ratio 0.9]]
 
 While a play runs, stderr says what it does (`step: <task>`, the restart job's phase); at the end
 stdout has each host's report, the diffs (--diff) and a summary table (deploy, restart, rollback).
 --json prints the RunResult instead (RunResult.from_dict reads it back). logs prints this start's
-last lines (-n), -f follows them until Ctrl-C or SIGTERM.
+last lines (-n), -f follows them until Ctrl-C or SIGTERM. history prints the ledger's table and a
+sparkline of tok/s per release; --plot draws the chart (dflash_trainer/plot.py, matplotlib).
 
 Exit status: 0 when every host is ok, 1 when the run or a host failed (a run that matches no
 host included, a play stopped by Ctrl-C / SIGTERM), 2 on a usage error; logs -f stopped by
@@ -24,8 +26,10 @@ import signal
 import sys
 from typing import Optional
 
-from . import api, progress
+from . import api, plot, progress
 from .results import HostResult, RunResult, TrainerLog
+
+PLOT_HISTORY = 50  # the ledger's length (LEDGER_KEEP in plugins/module_utils/_throughput.py)
 
 
 def parse_extravar(text: str) -> dict:
@@ -73,6 +77,9 @@ def describe_host(h: HostResult) -> list[str]:
         if s.history:
             lines.append("  RELEASE           WHEN                  VERDICT       TOK/S MEDIAN (P10-P90, N)   SOURCE")
             lines.extend("  " + str(row.get("line") or row.get("release")) for row in s.history)
+            spark = plot.sparkline_line(s.history)
+            if spark:
+                lines.append("  " + spark)
     if h.comparison:
         lines.append("  " + h.comparison.get("words", ""))
     if not h.ok:
@@ -183,6 +190,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("-C", "--check", action="store_true", help="ansible-playbook --check: change nothing")
     parser.add_argument("-D", "--diff", action="store_true",
                         help="ansible-playbook --diff: the release's files, the unit and environment file changes")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="history: draw tok/s per release into FILE (.png, .svg, or .html: a page with the SVG "
+                             "inline); needs matplotlib: pip install 'dflash-trainer[plot]'")
+    parser.add_argument("--min-tokps-ratio", type=float, metavar="RATIO",
+                        help="history --plot: draw the throughput gate's threshold, RATIO x the previous good "
+                             "release's median (default: -e trainer_min_tokps_ratio=..., else none)")
     parser.add_argument("--timeout", type=int, help="seconds for the whole run")
     parser.add_argument("--json", action="store_true", help="print the RunResult as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
@@ -200,6 +213,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("-f and --start only go with logs")
     if args.count is not None and args.action not in ("history", "logs"):
         parser.error("-n only goes with history and logs")
+    if (args.plot or args.min_tokps_ratio is not None) and args.action != "history":
+        parser.error("--plot and --min-tokps-ratio only go with history")
+    if args.plot:
+        try:  # before the run: a chart that cannot be written is said at once
+            plot.chart_format(args.plot)
+            plot.require_matplotlib()
+            args.min_tokps_ratio = gate_ratio(args.min_tokps_ratio, extravars)
+        except (ValueError, plot.PlotUnavailable) as e:
+            parser.error(str(e))
 
     stop = Stop().install()
     try:
@@ -208,14 +230,48 @@ def main(argv: Optional[list[str]] = None) -> int:
         stop.uninstall()
 
 
+def gate_ratio(given: Optional[float], extravars: dict) -> Optional[float]:
+    """The ratio whose threshold the chart draws: --min-tokps-ratio, else -e trainer_min_tokps_ratio;
+    None (no threshold) for neither or 0. ValueError for a value that is not a ratio."""
+    value = given if given is not None else extravars.get("trainer_min_tokps_ratio")
+    if value in (None, ""):
+        return None
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("trainer_min_tokps_ratio: expected a number between 0 and 1, got %r" % (value,)) from None
+    if not 0 <= ratio <= 1:
+        raise ValueError("trainer_min_tokps_ratio: expected a number between 0 and 1, got %r" % (value,))
+    return ratio or None
+
+
+def write_chart(result: RunResult, path: str, min_ratio: Optional[float]) -> int:
+    """history --plot: the chart of every host's history into PATH; 0, or 1 with the reason on stderr."""
+    by_host = dict((host, plot.points(h.status.history, min_ratio)) for host, h in result.hosts.items()
+                   if h.status is not None and h.status.history)
+    if not by_host:
+        print("no chart written: no release measured yet on %s" % (", ".join(result.hosts) or "any host"),
+              file=sys.stderr)
+        return 1
+    try:
+        plot.render(by_host, path, min_ratio)
+    except (OSError, ValueError, plot.PlotUnavailable) as e:
+        print("no chart written to %s: %s" % (path, e), file=sys.stderr)
+        return 1
+    print("chart: %s (%s)" % (path, "; ".join("%s: %d releases" % (h, len(p)) for h, p in by_host.items())),
+          file=sys.stderr)
+    return 0
+
+
 def run(args, extravars: dict, stop: Stop) -> int:
     kwargs = dict(limit=args.limit, inventory=args.inventory, extravars=extravars, timeout=args.timeout)
     if args.action == "logs":
         return run_logs(args, kwargs, stop)
     if args.action == "rollback" and args.release:
         extravars["trainer_rollback_release"] = args.release
-    if args.action == "history" and args.count:
-        extravars["trainer_history_count"] = int(args.count)
+    if args.action == "history" and (args.count or args.plot):
+        # a chart shows the whole ledger (its last 50 entries) unless -n says otherwise
+        extravars["trainer_history_count"] = int(args.count or PLOT_HISTORY)
     watcher = None if args.quiet else progress.Progress(sys.stderr)
     result = api.run_playbook_live(args.action, check=args.check, diff=args.diff, on_event=watcher, cancel=stop,
                                    **kwargs)
@@ -232,6 +288,8 @@ def run(args, extravars: dict, stop: Stop) -> int:
             print(diffs)
         if args.action in ("deploy", "restart", "rollback") and result.hosts:
             progress.print_summary(result)
+    if args.plot and result.ok:
+        return write_chart(result, args.plot, args.min_tokps_ratio)
     return 0 if result.ok else 1
 
 

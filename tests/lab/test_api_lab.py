@@ -117,3 +117,18 @@ def test_cli_limit_matching_nothing(lab):
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no host matched the limit 'no-such-host'" in proc.stdout
+
+
+def test_readme_example_without_the_venv_on_path(lab):
+    """The README's example run as `.venv/bin/python` from a cron job or a unit (PATH without the
+    venv), from another directory: the package is the Quick start's editable install, ansible-playbook
+    is taken from beside the interpreter, and the status is read."""
+    example = ("import json, dflash_trainer; r = dflash_trainer.status(limit=%r); "
+               "print(json.dumps(r.to_dict()))" % HOST)
+    res = subprocess.run([sys.executable, "-c", example], cwd=tempfile.gettempdir(), capture_output=True, text=True,
+                         env={"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = dflash_trainer.RunResult.from_dict(json.loads(res.stdout.splitlines()[-1]))
+    assert result.ok and result.rc == 0 and result.reason is None, explain(result)
+    assert result.hosts[HOST].status is not None and result.hosts[HOST].status.active_state
