@@ -40,7 +40,11 @@ KNOBS = {
     "ERROR_AFTER_STEPS": (3, int),
     "LEAK_METHOD": ("auto", str),
     "TOKPS": (41250.0, float),
+    "LOG_STYLE": ("step", str),
 }
+# How progress is written (LOG_STYLE), as trainers outside this project write it
+LOG_STYLES = ("step", "iter", "k_suffix", "tqdm")
+TQDM_TOTAL = 100000
 
 
 class ConfigError(Exception):
@@ -108,6 +112,10 @@ def load_config(environ=None, fault_env=None):
     if cfg["FAULT"] not in FAULTS:
         raise ConfigError("unknown fault mode %r (DFLASH_FAKE_FAULT / fault.env FAULT); known: %s"
                           % (cfg["FAULT"], ", ".join(FAULTS)))
+    cfg["LOG_STYLE"] = cfg["LOG_STYLE"].strip().lower()
+    if cfg["LOG_STYLE"] not in LOG_STYLES:
+        raise ConfigError("unknown log style %r (DFLASH_FAKE_LOG_STYLE / fault.env LOG_STYLE); known: %s"
+                          % (cfg["LOG_STYLE"], ", ".join(LOG_STYLES)))
     return cfg
 
 
@@ -285,11 +293,30 @@ def leak_child(fakegpu, cfg):
 # ---------------------------------------------------------------------------------------------
 # main
 
-def progress(step, rng, tokps=41250.0):
+def short(value):
+    """41250.3 -> "41.3K" (as the figures of tqdm and most loggers are written)."""
+    return "%.1fK" % (value / 1000.0)
+
+
+def progress(step, rng, tokps=41250.0, style="step", elapsed_s=None):
+    """One progress report in ``style``: the text to write, newline included (tqdm: a carriage
+    return and the redrawn bar, no newline, as tqdm writes to a file)."""
     loss = 2.1 + 7.9 * math.exp(-step / 40.0) + rng.uniform(-0.05, 0.05)
     toks = tokps * rng.uniform(0.97, 1.03)
-    return "step=%d loss=%.4f tok/s=%.1f queue_target=%d queue_drafter=%d" % (
-        step, loss, toks, rng.randint(6, 10), rng.randint(1, 4))
+    q_target, q_drafter = rng.randint(6, 10), rng.randint(1, 4)
+    if style == "iter":
+        return "iter %d | %s tok/s | loss %.4f | queue_target=%d queue_drafter=%d\n" % (
+            step, short(toks), loss, q_target, q_drafter)
+    if style == "k_suffix":
+        return "step=%d loss=%.4f %s tok/s queue_target=%d queue_drafter=%d\n" % (
+            step, loss, short(toks), q_target, q_drafter)
+    if style == "tqdm":
+        elapsed = int(elapsed_s if elapsed_s is not None else step)
+        return "\rtraining: %3d%%|%s| %d/%d [%02d:%02d<99:59, %.2fit/s, loss=%.4f, tok/s=%s]" % (
+            step * 100 // TQDM_TOTAL, " " * 10, step, TQDM_TOTAL, elapsed // 60, elapsed % 60,
+            1.0, loss, short(toks))
+    return "step=%d loss=%.4f tok/s=%.1f queue_target=%d queue_drafter=%d\n" % (
+        step, loss, toks, q_target, q_drafter)
 
 
 def run(cfg):
@@ -379,7 +406,10 @@ def run(cfg):
         next_at += interval
         pause(next_at - time.monotonic())
         step += 1
-        say(progress(step, rng, cfg["TOKPS"]))
+        text = progress(step, rng, cfg["TOKPS"], cfg["LOG_STYLE"], time.monotonic() - began)
+        stream = sys.stderr if cfg["LOG_STYLE"] == "tqdm" else sys.stdout  # tqdm writes to stderr
+        stream.write(text)
+        stream.flush()
 
 
 def main():

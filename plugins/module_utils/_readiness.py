@@ -23,6 +23,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import index_ranges
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_READY_REGEX,
+    DEFAULT_STEP_REGEX,
     is_reason_line,
 )
 
@@ -144,6 +145,27 @@ def missing_conditions(expect, snap):
     return missing
 
 
+def step_regex_words(pattern):
+    """How a step regex is named in a verdict: the default by what it reads, another verbatim."""
+    if pattern == DEFAULT_STEP_REGEX:
+        return "trainer_step_regex (the default: step, global_step, iter, iteration, it=, batch, [N/M], tqdm's N/M [)"
+    return "trainer_step_regex '%s'" % pattern
+
+
+def steps_unread_words(log, waited_s):
+    """"the log shows `iter 5 | 21.5K tok/s` but trainer_step_regex '…' matched nothing …" for a
+    log that shows progress lines (``ready_line``) and no step value read from any of them."""
+    pattern = getattr(getattr(log, "step_re", None), "pattern", "?")
+    shown = (log.ready_line or "").strip()
+    if len(shown) > 200:
+        shown = shown[:200] + "…"
+    problems = [p for p in getattr(log, "problems", None) or [] if p.startswith("step:")]
+    what = "read no whole step number (%s)" % problems[0] if problems else "matched nothing"
+    return ("the log shows `%s` but %s %s for %s s after the first line matching trainer_ready_regex: "
+            "set trainer_step_regex to a regex whose first group is the progress counter" % (
+                shown, step_regex_words(pattern), what, fmt_s(waited_s)))
+
+
 def death_words(props, log):
     """"exited with status 1 after 0.6 s: <reason line>" (parts left out when unknown)."""
     words = exit_description(props)
@@ -173,7 +195,11 @@ class Judge(object):
         InvocationID);
       - an error pattern in this start's log; an expected GPU that nvidia-smi does not report;
       - a stall: an observation without a rise more than ``stall_s`` after the last rise
-        ("no progress for 6.2 s (last step=5)");
+        ("no progress for 6.2 s (last step=5)"), named as a restart inside when the step went
+        back meanwhile ("step went from 6 back to 1: the trainer restarted inside ...");
+      - a step regex that reads nothing: the log grew for more than ``stall_s`` after a line
+        matching the ready regex was first seen and no step value was read from it ("the log
+        shows `iter 5 | 21.5K tok/s` but trainer_step_regex ... matched nothing ...");
       - a GPU left behind: the trainer has made progress for ``stall_s`` since its first step
         and an expected GPU stayed below ``min_mib`` on every observation of that time
         ("GPU 7 holds 100 MiB while the trainer is at step 40 ...").
@@ -202,6 +228,8 @@ class Judge(object):
         self.progress_clock = False
         self.low_since = {}
         self.observations = 0
+        self.ready_seen_at = None
+        self.ready_seen_lines = None
 
     # -- clock ---------------------------------------------------------------------------------
     @property
@@ -229,6 +257,8 @@ class Judge(object):
             "log_tail": log.tail(self.expect.tail_lines) if has_log else [],
             "step": log.last_step if has_log else None,
         }
+        if has_log and getattr(log, "problems", None):
+            details["figure_problems"] = list(log.problems)
         if missing is not None:
             details["missing"] = missing
         return details
@@ -256,6 +286,20 @@ class Judge(object):
             if stalled > expect.stall_s:
                 return step, stalled, False
         return step, None, False
+
+    def _steps_unread(self, snap, log, has_log):
+        """Words of a failure when, for more than ``stall_s`` since a line matching the ready
+        regex was first seen, the log grew and no step value was read (the step regex does not
+        fit this trainer's words: waiting for the deadline cannot help); else None."""
+        if not has_log or self.expect.min_steps <= 0 or log.n_steps or log.ready_line is None:
+            return None
+        if self.ready_seen_at is None:
+            self.ready_seen_at, self.ready_seen_lines = snap.now, log.line_count
+            return None
+        waited = snap.now - self.ready_seen_at
+        if waited <= self.expect.stall_s or log.line_count <= self.ready_seen_lines:
+            return None
+        return steps_unread_words(log, waited)
 
     def _gpus_left_behind(self, snap, indexes, step):
         """[(index, MiB, seconds)] for expected GPUs below min_mib on every observation of the
@@ -314,9 +358,18 @@ class Judge(object):
             return self._fail(snap, "%s not reported by nvidia-smi (it reports %s)" % (
                 fmt_gpu_list(absent), index_ranges(snap.gpus_mib) or "none"))
 
-        # 4. progress: a stall fails; a late poll restarts the window
+        # 4. progress: no step read from a growing log fails; a stall fails; a late poll
+        # restarts the window
+        unread = self._steps_unread(snap, log, has_log)
+        if unread:
+            return self._fail(snap, unread)
         step, stalled, window_broken = self._progress(snap, log, has_log)
         if stalled is not None:
+            back = getattr(log, "went_back", None) if has_log else None
+            if back:
+                return self._fail(snap, "step went from %s back to %s: the trainer restarted inside "
+                                        "(no progress past step %s for %s s)" % (
+                                            back[0], back[1], back[0], fmt_s(stalled)))
             return self._fail(snap, "no progress for %s s (last step=%s)" % (fmt_s(stalled), step))
 
         # 5. a GPU still below min_mib while the trainer makes progress will not fill by waiting
@@ -367,6 +420,8 @@ class Judge(object):
             "step": log.last_step,
             "seconds_to_ready": round(snap.now - self.start, 3),
         }
+        if getattr(log, "problems", None):
+            details["figure_problems"] = list(log.problems)
         return Verdict(READY, "ready: %s" % log.ready_line, details)
 
 

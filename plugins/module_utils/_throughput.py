@@ -11,6 +11,11 @@ entries) keeps per release: id, time, source (git commit + dirty, or content has
 (proved / failed: reason / rolled back) and figures. ``compare`` puts a new measurement beside the
 previous good release's and the best one; ``gate`` refuses one below ``min_ratio`` of the
 previous good release.
+
+Figures are read as people write them (``parse_figure``): ``12.4K``, ``12,400``, ``1.2e4`` are all
+12400.0; every reader of a figure (tok/s, the user's named figures, the step counter) reads it
+through ``read_figure``, and a figure that cannot be read is reported as such (``None`` in the
+values, counted as ``unreadable``), never stored as a different number.
 """
 
 from __future__ import annotations
@@ -18,10 +23,68 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 
 LEDGER_KEEP = 50
 PROVED = "proved"
+
+# --- figures as people write them -----------------------------------------------------------
+
+SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
+# A figure in a line: digits (thousands grouped by "," or "_", or not), a fraction, an exponent
+# and a K/M/G suffix not followed by a letter ("12.4K", "12,400", "1.2e4", "21.5K"). Lowercase m
+# and g are not suffixes (milli, grams): "5m" is not 5 million.
+FIGURE = r"(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?"
+_FIGURE_AT = re.compile(FIGURE)
+_FIGURE_WHOLE = re.compile(
+    r"\s*([+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)([kKMG]?)\s*")
+
+
+def parse_figure(text):
+    """The number a person wrote: "12.4K" -> 12400.0, "12,400" -> 12400.0, "1.2e4" -> 12000.0,
+    "41250.3" -> 41250.3. ValueError (naming the text) for anything else: "12.4.5", "12,40",
+    "nan", "inf", "" are not figures."""
+    m = _FIGURE_WHOLE.fullmatch(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError("%r is not a number" % (text,))
+    value = float(m.group(1).replace(",", "").replace("_", ""))
+    if m.group(2):
+        value *= SUFFIXES[m.group(2)]
+    if not math.isfinite(value):
+        raise ValueError("%r is not a finite number" % (text,))
+    return value
+
+
+def figure_group(match):
+    """The index of the group that holds the figure: the first group that took part in the match
+    (a regex with alternatives, such as the default tok/s regex, has one group per form), 0 when
+    the regex has no group."""
+    for index in range(1, (match.re.groups or 0) + 1):
+        if match.group(index) is not None:
+            return index
+    return 0
+
+
+def read_figure(match):
+    """(value, None) for the figure a regex match captured, or (None, words) when it cannot be
+    read: not a number, or only part of the figure the line shows (a regex capturing "12" of
+    "12.4K" or "400" of "12,400" would store a different number)."""
+    group = figure_group(match)
+    text = match.group(group)
+    start, end = match.span(group)
+    line = match.string
+    whole = _FIGURE_AT.match(line, start)
+    if whole is not None and whole.end() > end:
+        return None, "read %r where the line shows %r" % (text, whole.group(0))
+    if start > 0 and (line[start - 1].isdigit() or (
+            start > 1 and line[start - 1] in ",_." and line[start - 2].isdigit())):
+        return None, "read %r, the end of a longer figure" % text
+    try:
+        return parse_figure(text), None
+    except ValueError as exc:
+        return None, str(exc)
+
 
 
 def percentile(values, q):
@@ -38,9 +101,13 @@ def percentile(values, q):
 
 
 def summarize(values, window_s=None):
-    """{median, p10, p90, n, window_s} of the finite numbers in values (n 0: no figures)."""
-    xs = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    """{median, p10, p90, n, window_s} of the finite numbers in values (n 0: no figures), with
+    ``unreadable``: how many figures could not be read (None in values), when any."""
+    xs = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     out = {"n": len(xs), "window_s": window_s}
+    unreadable = sum(1 for v in values if v is None)
+    if unreadable:
+        out["unreadable"] = unreadable
     for name, q in (("median", 0.5), ("p10", 0.1), ("p90", 0.9)):
         value = percentile(xs, q)
         out[name] = None if value is None else round(value, 1)
@@ -87,6 +154,8 @@ def compare(figures, ledger, release, source=None):
     words = "release %s%s: %s tok/s (median of %d samples over %s s)" % (
         release, " (%s)" % source if source else "", short_k(median), tok.get("n") or 0,
         "%.0f" % tok["window_s"] if tok.get("window_s") is not None else "?")
+    if tok.get("unreadable"):
+        words += " [%d tok/s figure%s could not be read]" % (tok["unreadable"], "" if tok["unreadable"] == 1 else "s")
     change = None
     if prev is not None:
         change = pct_change(median, _median(prev))

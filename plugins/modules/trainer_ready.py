@@ -77,17 +77,32 @@ options:
     type: int
     default: 1024
   ready_regex:
-    description: Python regular expression a line of this start's log must match.
+    description: Python regular expression a line of this start's log must match (by default a throughput line).
     type: str
-    default: tok/s
+    default: 'tok(?:en)?s?/s(?:ec)?\b|tokens? per sec'
   step_regex:
-    description: Python regular expression whose first group is the step counter.
+    description:
+      - Python regular expression whose first group that takes part in the match is the step counter.
+      - The default reads step, global_step, iter, iteration, it=, batch, [N/M] and tqdm's N/M [.
     type: str
-    default: '\bstep[=: ]\s*(\d+)'
+    default: >-
+      (?x)(?=[gGsSiIbB\[\d])(?:
+      (?<![A-Za-z_])(?i:global[_ ]step|step|iteration|iter|batch)(?:[ \t]*[=:#])?[ \t]*(?:\[[ \t]*)?
+      (\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)
+      |(?<![A-Za-z_])it[ \t]*[=:][ \t]*(\d+)(?!\w|[.,]\d)
+      |\[\s*(\d+)\s*/\s*\d+\s*\]
+      |(?<![\w./:])(\d+)(?:/\d+|it)\s+\[\d+:\d)
   tokps_regex:
-    description: Python regular expression whose first group is the throughput in tokens per second.
+    description:
+      - Python regular expression whose first group that takes part in the match is the throughput in tokens per second.
+      - The figure is read as people write it (12.4K, 12,400, 1.2e4) and kept in tok/s.
     type: str
-    default: 'tok/s[=: ]\s*([0-9.]+)'
+    default: >-
+      (?x)(?=[t\d])(?:
+      (?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?:\s*[=:])?\s*
+      ((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
+      |(?<![\w.,])((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
+      \s*(?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?!(?:\s*[=:])?\s*\d))
   error_regexes:
     description: Python regular expressions that fail the task when a line of this start's log matches.
     type: list

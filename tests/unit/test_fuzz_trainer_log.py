@@ -183,6 +183,10 @@ MIB = 1 << 20
     ("dotted errors", "a." + "Error." * (10 * MIB // 6)),
     ("NUL bytes", "\x00" * (10 * MIB)),
     ("replacement chars", "\ufffd" * (10 * MIB)),
+    # the default step and tok/s regexes (figures as people write them, issue 15)
+    ("step and blanks", "step" + " " * (10 * MIB)),
+    ("tok/s and blanks", "tok/s" + " " * (10 * MIB) + "x"),
+    ("digits before a unit", "1" * (10 * MIB) + " tok"),
 ])
 def test_a_10_mib_line_is_analysed_in_linear_time(name, line):
     """Regression: the marker regex ("(.*?)\\s*<==") and the reason regex ("Error\\b.*?:") were

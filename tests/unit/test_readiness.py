@@ -193,8 +193,8 @@ def test_hang_fails_at_deadline_naming_everything():
     t, v = run_until_done(j, sim, 200, lambda t, s: (None, gpus(0)))
     assert t == 120
     assert v.reason == ("not ready after 120 s: GPUs 0, 1, 2, 3, 4, 5, 6, 7 below 1024 MiB "
-                        "(0, 0, 0, 0, 0, 0, 0, 0 MiB); no line matching 'tok/s' in this start's log; "
-                        "no step values in this start's log")
+                        "(0, 0, 0, 0, 0, 0, 0, 0 MiB); no line matching %r in this start's log; "
+                        "no step values in this start's log" % tl.DEFAULT_READY_REGEX)
     assert v.details["log_tail"] == ["loading model"]
     assert v.details["missing"][0].startswith("GPUs 0, 1")
 
@@ -205,7 +205,8 @@ def test_partial_gpus_without_progress_fail_at_deadline_naming_gpus():
     t, v = run_until_done(judge(), sim, 200, lambda t, s: (None, gpus(HELD) | {5: 0, 6: 0, 7: 0}))
     assert t == 120
     assert v.reason == ("not ready after 120 s: GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB); "
-                        "no line matching 'tok/s' in this start's log; no step values in this start's log")
+                        "no line matching %r in this start's log; no step values in this start's log"
+                        % tl.DEFAULT_READY_REGEX)
 
 
 def test_stale_ready_line_from_earlier_invocation_does_not_count():
@@ -214,8 +215,8 @@ def test_stale_ready_line_from_earlier_invocation_does_not_count():
     sim = Sim(preamble=earlier).say("loading model")
     t, v = run_until_done(judge(timeout_s=30), sim, 60, lambda t, s: None)
     assert t == 30
-    assert v.reason == ("not ready after 30 s: no line matching 'tok/s' in this start's log; "
-                        "no step values in this start's log")
+    assert v.reason == ("not ready after 30 s: no line matching %r in this start's log; "
+                        "no step values in this start's log" % tl.DEFAULT_READY_REGEX)
     assert v.details["log_tail"] == ["loading model"]
 
 

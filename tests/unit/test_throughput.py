@@ -14,7 +14,7 @@ def test_percentiles_match_numpy_linear():
 
 def test_summarize_drops_non_numbers():
     got = t.summarize([1.0, float("nan"), float("inf"), 3.0, "x", None], window_s=10)
-    assert got == {"n": 2, "window_s": 10, "median": 2.0, "p10": 1.2, "p90": 2.8}
+    assert got == {"n": 2, "window_s": 10, "median": 2.0, "p10": 1.2, "p90": 2.8, "unreadable": 1}
     assert t.summarize([])["median"] is None
 
 

@@ -17,6 +17,7 @@ TRAINER_DIR = os.path.join(ROOT, "examples", "trainer")
 sys.path.insert(0, FAKEGPU_DIR)
 
 import fakegpu  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl  # noqa: E402
 
 PROGRESS = re.compile(
     r"^step=(\d+) loss=\d+\.\d{4} tok/s=\d+\.\d queue_target=\d+ queue_drafter=\d+$")
@@ -318,3 +319,53 @@ def test_missing_fakegpu_is_a_clear_error(start):
     trainer = start("none", extra_env={"PYTHONPATH": ""})
     assert trainer.finish() == 1
     assert any("cannot import fakegpu" in x for x in trainer.lines)
+
+
+# --- LOG_STYLE: progress as other trainers write it, read by the collection's default regexes ---
+
+def _raw_output(env, **knobs):
+    """Start the trainer with binary output (tqdm's "\\r" kept) and answer a function that
+    returns the default analysis of what it wrote so far."""
+    e = dict(env, **{"DFLASH_FAKE_" + k: str(v) for k, v in knobs.items()})
+    proc = subprocess.Popen([sys.executable, os.path.join(TRAINER_DIR, "trainer.py")], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    chunks = []
+
+    def read():
+        for chunk in iter(lambda: os.read(proc.stdout.fileno(), 4096), b""):
+            chunks.append(chunk)
+    threading.Thread(target=read, daemon=True).start()
+
+    def analysis():
+        follower = tl.StartLog("inv").feed(tl.marker_line("inv", "r", proc.pid, "t") + "\n")
+        follower.feed(b"".join(chunks).decode("utf-8", "replace"))
+        return follower.analysis, b"".join(chunks)
+    return proc, analysis
+
+
+@pytest.mark.parametrize("style,shape", [
+    ("step", rb"step=3 loss=\d\.\d{4} tok/s=\d+\.\d queue_target"),
+    ("iter", rb"\niter 3 \| \d+\.\dK tok/s \| loss \d\.\d{4} \| queue_target"),
+    ("k_suffix", rb"\nstep=3 loss=\d\.\d{4} \d+\.\dK tok/s queue_target"),
+    ("tqdm", rb"\rtraining:   0%\|          \| 3/100000 \[00:0\d<99:59, 1\.00it/s, loss=\d\.\d{4}, tok/s=\d+\.\dK\]"),
+])
+def test_log_styles_are_read_by_the_default_regexes(env, style, shape):
+    proc, analysis = _raw_output(env, LOG_STYLE=style, TOKPS=21500)
+    try:
+        poll(lambda: len(analysis()[0].steps) >= 3, what="3 steps read in style %s" % style)
+        a, raw = analysis()
+        assert re.search(shape, raw), raw[-300:]
+        assert a.steps[:3] == [1, 2, 3] and a.problems == []
+        # the figure is kept in tok/s: 21500 +-3 %, written as 20.9K ... 22.1K
+        assert all(20800 <= v <= 22200 for v in a.tokps_values), a.tokps_values
+        assert a.ready_line is not None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    if style == "tqdm":
+        assert b"\n" not in raw.split(b"ready: target=5 drafter=3 gpus\n", 1)[1]  # redraws only
+
+
+def test_unknown_log_style(start):
+    rc, lines = run_to_end(start, "none", LOG_STYLE="emoji")
+    assert rc == 2 and any("unknown log style 'emoji'" in x for x in lines)
