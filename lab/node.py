@@ -3,7 +3,8 @@
 On a Proxmox node with GPUs passed through, nvidia-smi on the node lists every holder under its
 host PID, other containers' included. `lab.py node-gpus --ids 231 232` makes those containers'
 simulated GPUs the node's GPUs (fakegpu.NODE_TENANTS_FILE); `up` installs the stand-in
-(lab/fakegpu/nvidia-smi-node) as the node's nvidia-smi. Reading the containers' state needs root,
+(lab/fakegpu/nvidia-smi-node) as the node's nvidia-smi. It names each holder as the real tool does:
+its argv[0], unquoted, whatever a tenant put there (commas, newlines). Reading the containers' state needs root,
 which the real tool does not: the operator's sudo permits exactly that program (the lab's own
 emulation detail; the operator still has no other sudo than the pct wrapper's).
 """

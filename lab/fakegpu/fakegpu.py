@@ -194,6 +194,25 @@ def _process_name(pid):
         return "[Not Found]"
 
 
+def argv0_name(pid):
+    """A process's name as nvidia-smi prints it (argv[0] from /proc/<pid>/cmdline, as NVML reads
+    it; the process's comm when argv is empty): raw, whatever the process put there - commas and
+    newlines included (the real tool does not quote it). ``[Not Found]`` when unreadable."""
+    try:
+        with open("/proc/%d/cmdline" % int(pid), "rb") as fh:
+            argv0 = fh.read().split(b"\0", 1)[0]
+    except (OSError, ValueError):
+        return NOT_FOUND
+    if argv0:
+        return argv0.decode("utf-8", "replace")
+    try:
+        with open("/proc/%d/comm" % int(pid), encoding="utf-8", errors="replace") as fh:
+            comm = fh.read()
+    except OSError:
+        return NOT_FOUND
+    return comm[:-1] if comm.endswith("\n") else comm
+
+
 def boot_time(init_pid=1):
     """Wall-clock time at which ``init_pid`` (PID 1 of this PID namespace: the container's boot)
     started.
@@ -485,12 +504,13 @@ def tenant_holdings(state, init_pid, now=None):
 
 def node_view(tenants, now=None):
     """The node's GPUs: every tenant's allocations on one set of GPUs (shaped as the first
-    tenant's configuration), each live holder under its host PID and host-side name.
+    tenant's configuration), each live holder under its host PID and the name nvidia-smi prints
+    for it (argv0_name: whatever the tenant's process calls itself, unquoted).
     ``tenants``: [(state dir, init pid)]; no tenant: no GPU."""
     if not tenants:
         return []
     cfg = load_config(os.path.join(tenants[0][0], "config.json"))
-    holdings = [(rec, pid, _process_name(pid) if pid is not None else None)
+    holdings = [(rec, pid, argv0_name(pid) if pid is not None else None)
                 for state, init_pid in tenants for rec, pid in tenant_holdings(state, init_pid, now)]
     return _gpu_rows(cfg, holdings)
 

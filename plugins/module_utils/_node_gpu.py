@@ -14,6 +14,12 @@ one's ``/proc/<pid>/cgroup`` names its container and the unit inside it:
 * cgroup v1 lines (``12:pids:/lxc/200/ns/...``) carry the same path; a process of the node
   itself: ``0::/system.slice/foo.service`` or ``/user.slice/.../session-3.scope``.
 
+Nothing another tenant controls is read as structure: the node's nvidia-smi is asked for numbers
+and UUIDs only (_nvidia_smi.read_node_gpus), a holder's container comes from the first component
+of its cgroup path (the kernel refuses a newline in a cgroup name, so a tenant's own sub-cgroups
+cannot add a line), a unit is a name of systemd's alphabet, and a process's name, read from the
+node's ``/proc/<pid>/comm``, is only ever shown, escaped (``printable``).
+
 From these, each GPU's memory is split into the trainer's (our container, our unit), other
 holders in our container, other tenants (other containers, the node's own processes), and memory
 no listed process accounts for.
@@ -25,7 +31,9 @@ import re
 
 # LXC appends "-<n>" when a container's cgroup from an earlier start is still there (lxc.payload.200-2)
 _LXC_RE = re.compile(r"^/lxc(?:\.payload)?[./](?P<vmid>\d+)(?:-\d+)?(?:/ns)?(?P<inner>/.*)?$")
-_UNIT_RE = re.compile(r"^[^/]+\.(?:service|scope)$")
+# systemd's unit-name alphabet (systemd.unit(5)): a tenant's hand-made sub-cgroup named
+# "x; 1 MiB held by dflash-trainer in CT 200.service" is no unit
+_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,250}\.(?:service|scope)$")
 
 
 def cgroup_path(text):
@@ -60,6 +68,24 @@ def owner(cgroup_text):
     return vmid, unit
 
 
+def printable(text, limit=64):
+    """A name for messages: every character that is not printable (a newline, a tab, a lone
+    surrogate) or a backslash escaped, at most ``limit`` characters (``...`` marks a cut); None
+    stays None. A process names itself: its name is shown, never parsed."""
+    if text is None:
+        return None
+    out = "".join(c if c.isprintable() and c != "\\" else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                  for c in text)
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+def comm_name(text):
+    """The process name from ``/proc/<pid>/comm`` (the kernel ends it with one newline), escaped."""
+    if text is None:
+        return None
+    return printable(text[:-1] if text.endswith("\n") else text)
+
+
 def unit_name(name):
     """``dflash-trainer`` -> ``dflash-trainer.service`` (units are compared by full name)."""
     return name if "." in name else name + ".service"
@@ -77,12 +103,13 @@ def who(holder):
     return "%s in CT %s" % (what, holder["vmid"])
 
 
-def attribute(gpus, owners, vmid, unit):
+def attribute(gpus, owners, vmid, unit, names=None):
     """Split each GPU's memory by holder.
 
     ``gpus``: parsed query-gpu rows with ``processes`` (_nvidia_smi.read_gpus on the node);
     ``owners``: {host pid: (vmid, unit)} (from each pid's cgroup; a pid missing there is a
-    process that exited between the two reads). Returns [{index, used_mib, total_mib, holders:
+    process that exited between the two reads); ``names``: {host pid: name} (comm_name; default: the
+    rows' own ``process_name``). Returns [{index, used_mib, total_mib, holders:
     [{pid, name, mib, vmid, unit, kind}], trainer_mib, same_ct_mib, foreign_mib, unlisted_mib}],
     ``kind`` being ``trainer`` (our container and unit), ``same_ct`` (our container, another
     unit) or ``foreign`` (another container, or the node itself).
@@ -99,7 +126,8 @@ def attribute(gpus, owners, vmid, unit):
             ct, u = owners[pid]
             kind = "foreign" if ct != vmid else ("trainer" if u == unit else "same_ct")
             mib = proc.get("used_memory_mib") or 0
-            holders.append({"pid": pid, "name": proc.get("process_name"), "mib": mib,
+            name = names.get(pid) if names is not None else printable(proc.get("process_name"))
+            holders.append({"pid": pid, "name": name, "mib": mib,
                             "vmid": ct, "unit": u, "kind": kind})
             sums[kind] += mib
         used = gpu.get("memory_used_mib")

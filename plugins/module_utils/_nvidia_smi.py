@@ -20,6 +20,15 @@ import re
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "gpu_uuid", "used_memory")
 
+# The node's process query (trainer_node_gpus): no free text. nvidia-smi prints a process name
+# unquoted and every tenant of the node chooses its own (commas, newlines and all), so a name
+# column lets another container forge rows ("a, x, 1\n<our pid>, p" makes its memory ours) or
+# break every read (a bare newline). Asked for numbers and UUIDs only, nvidia-smi prints nothing a
+# tenant controls; names come from the node's /proc/<pid>/comm. With ``--format=csv`` (header and
+# units) the header says which columns came back and in which order.
+NODE_APP_FIELDS = ("gpu_uuid", "pid", "used_memory")
+NODE_APP_HEADER = ("gpu_uuid", "pid", "used_gpu_memory [MiB]")
+
 # Bracketed values nvidia-smi prints in place of a number or a name.
 ERROR_VALUES = frozenset((
     "[N/A]",
@@ -80,6 +89,11 @@ def query_gpu_argv(nvidia_smi="nvidia-smi", fields=GPU_FIELDS):
 
 def query_apps_argv(nvidia_smi="nvidia-smi", fields=APP_FIELDS):
     return [nvidia_smi, "--query-compute-apps=" + ",".join(fields), "--format=csv,noheader,nounits"]
+
+
+def query_node_apps_argv(nvidia_smi="nvidia-smi"):
+    """The node's process query: header and units kept (parse_node_apps checks both)."""
+    return [nvidia_smi, "--query-compute-apps=" + ",".join(NODE_APP_FIELDS), "--format=csv"]
 
 
 def list_argv(nvidia_smi="nvidia-smi"):
@@ -266,6 +280,74 @@ def parse_compute_apps(text):
     return apps
 
 
+# The shapes of the node query's cells: nothing else is a row.
+_NODE_UUID_RE = re.compile(r"^(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]{0,127}$")
+_NODE_PID_RE = re.compile(r"^[0-9]{1,10}$")
+_NODE_MIB_RE = re.compile(r"^([0-9]{1,20}) MiB$")
+_NODE_ERROR_RE = re.compile(r"^\[[A-Za-z][A-Za-z /]{0,63}\]$")
+
+
+def _node_row(cells):
+    """One row's cells -> (app, None) or (None, why it is not a row)."""
+    if len(cells) != len(NODE_APP_FIELDS):
+        return None, "%d fields, not %d" % (len(cells), len(NODE_APP_FIELDS))
+    uuid, pid, used = cells
+    if not _NODE_UUID_RE.match(uuid):
+        return None, "gpu_uuid is not a GPU-/MIG- UUID"
+    if not _NODE_PID_RE.match(pid):
+        return None, "pid is not a number"
+    m = _NODE_MIB_RE.match(used)
+    if m:
+        return {"gpu_uuid": uuid, "pid": int(pid), "used_memory_mib": int(m.group(1)), "errors": []}, None
+    if _NODE_ERROR_RE.match(used):
+        return {"gpu_uuid": uuid, "pid": int(pid), "used_memory_mib": None,
+                "errors": ["used_memory: %s" % used]}, None
+    return None, "used_gpu_memory is neither \"<n> MiB\" nor a bracketed error value"
+
+
+def parse_node_apps(text):
+    """Parse the node's ``--query-compute-apps=gpu_uuid,pid,used_memory --format=csv`` output.
+
+    Returns (apps, malformed): apps [{gpu_uuid, pid, used_memory_mib, errors}] (an error value
+    such as ``[N/A]`` in used_gpu_memory: None, with the error named); malformed ["line 3:
+    '...' (why)"] for every line that is not exactly such a row. The first line must be exactly
+    the header ``gpu_uuid, pid, used_gpu_memory [MiB]`` (nvidia-smi prints it even with no
+    process). Nothing is guessed: a line with another number of fields, a pid that is not
+    digits, a UUID that is not ``GPU-``/``MIG-``, memory that is not ``<n> MiB`` is malformed,
+    never folded, split or skipped; without the header first, every line is. Lines are split at "\\n" only; blank lines carry nothing.
+    """
+    apps, malformed = [], []
+    header = None  # True: the header came first; False: it did not (no line is read as a row then)
+    for number, raw in enumerate((text or "").split("\n"), 1):
+        if not raw.strip():
+            continue
+        cells = [c.strip() for c in raw.split(",")]
+        if header is None:
+            header = tuple(cells) == NODE_APP_HEADER
+            if header:
+                continue
+            malformed.append("line %d: %r (not the header %r)" % (number, raw[:200], ", ".join(NODE_APP_HEADER)))
+            continue
+        if not header:
+            malformed.append("line %d: %r (no header before it)" % (number, raw[:200]))
+            continue
+        app, why = _node_row(cells)
+        if app is None:
+            malformed.append("line %d: %r (%s)" % (number, raw[:200], why))
+        else:
+            apps.append(app)
+    if header is None:
+        malformed.append("no header (nvidia-smi prints %r even when no process runs)" % ", ".join(NODE_APP_HEADER))
+    return apps, malformed
+
+
+def malformed_message(malformed):
+    """"nvidia-smi --query-compute-apps printed 2 malformed lines (expected ...): line 2: ...; ..."."""
+    shown = "; ".join(malformed[:3]) + ("; and %d more" % (len(malformed) - 3) if len(malformed) > 3 else "")
+    return ("nvidia-smi --query-compute-apps printed %d malformed line%s (expected \"%s\" rows); not read as "
+            "rows: %s" % (len(malformed), "" if len(malformed) == 1 else "s", ", ".join(NODE_APP_HEADER), shown))
+
+
 def parse_list(text):
     """Parse ``nvidia-smi -L``: [{index, name, uuid, mig: [{profile, device, uuid}]}]."""
     gpus = []
@@ -398,4 +480,31 @@ def read_gpus(run, nvidia_smi="nvidia-smi", processes=True):
                 apps = parse_compute_apps(out)
             except NvidiaSmiError as e:
                 warnings.append("process list unreadable: %s" % e)
+    return join_processes(gpus, apps), warnings
+
+
+def read_node_gpus(run, nvidia_smi="nvidia-smi"):
+    """The node's read (trainer_node_gpus): ``--query-gpu`` as read_gpus, then the process query
+    without names (query_node_apps_argv). Returns (gpus with ``processes`` [{pid, process_name:
+    None, used_memory_mib}], warnings). On the node the process list is what counts, so a
+    failed, hung or malformed process query raises NvidiaSmiError (never an empty list); rows
+    on a GPU the GPU query did not list are dropped with a warning (their memory stays
+    unattributed, never the trainer's)."""
+    rc, out, err = _run_smi(run, query_gpu_argv(nvidia_smi))
+    msg = failure_message(rc, out, err)
+    if msg:
+        raise NvidiaSmiError(msg)
+    gpus = parse_query_gpu(out)
+    rc, out, err = _run_smi(run, query_node_apps_argv(nvidia_smi))
+    msg = failure_message(rc, out, err)
+    if msg:
+        raise NvidiaSmiError(msg)
+    apps, malformed = parse_node_apps(out)
+    if malformed:
+        raise NvidiaSmiError(malformed_message(malformed))
+    known = {g.get("uuid") for g in gpus if g.get("uuid")}
+    warnings = ["process list: pid %d holds %s MiB on %s, a GPU --query-gpu did not list (not attributed)"
+                % (a["pid"], a["used_memory_mib"], a["gpu_uuid"]) for a in apps if a["gpu_uuid"] not in known]
+    for a in apps:
+        a["process_name"] = None  # never asked: the node's /proc names the process
     return join_processes(gpus, apps), warnings

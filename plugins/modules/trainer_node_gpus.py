@@ -16,6 +16,12 @@ description:
     C(dflash.trainer.pct) connection's C(ansible_pct_node=true)): C(nvidia-smi) there lists
     every holder under its host PID, and each PID's C(/proc/<pid>/cgroup) names its container
     and the unit inside it (C(/lxc/200/ns/system.slice/dflash-trainer.service) on Proxmox VE).
+  - >-
+    Reads nothing another tenant can shape as structure: nvidia-smi is asked for
+    C(gpu_uuid,pid,used_memory) only (a process name is printed unquoted, and a tenant can name
+    its process C(a, x, 1\n<pid>, p)); every row must be exactly a GPU/MIG UUID, a pid and
+    C(<n> MiB) or a bracketed error value, or the module fails naming the malformed lines. A
+    holder's name is read from the node's C(/proc/<pid>/comm) and shown escaped.
   - Splits each GPU's memory into the trainer's (container O(vmid), unit O(unit)), other holders
     in that container, other tenants (other containers, the node's own processes) and memory no
     listed process accounts for.
@@ -105,11 +111,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
-    read_gpus,
+    read_node_gpus,
     require,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
     attribute,
+    comm_name,
     foreign_by_gpu,
     lines,
     owner,
@@ -118,20 +125,28 @@ from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
 )
 
 
+def _read(path):
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
 def read_owners(gpus):
-    """{host pid: (vmid, unit)} for every listed process still alive."""
-    owners = {}
+    """({host pid: (vmid, unit)}, {host pid: name}) for every listed process still alive."""
+    owners, names = {}, {}
     for gpu in gpus:
         for proc in gpu.get("processes") or []:
             pid = proc.get("pid")
             if pid is None or pid in owners:
                 continue
             try:
-                with open("/proc/%d/cgroup" % pid, encoding="utf-8", errors="replace") as fh:
-                    owners[pid] = owner(fh.read())
+                owners[pid] = owner(_read("/proc/%d/cgroup" % pid))
             except (OSError, ValueError):
                 continue  # exited between the two reads
-    return owners
+            try:
+                names[pid] = comm_name(_read("/proc/%d/comm" % pid))
+            except (OSError, ValueError):
+                names[pid] = None
+    return owners, names
 
 
 def main():
@@ -150,12 +165,13 @@ def main():
     p = module.params
     nvidia_smi = require(module, p["nvidia_smi"])
     try:
-        gpus, warnings = read_gpus(ModuleRunner(module), nvidia_smi)
+        gpus, warnings = read_node_gpus(ModuleRunner(module), nvidia_smi)
     except NvidiaSmiError as e:
         module.fail_json(msg="the node's %s" % e)
     for warning in warnings:
         module.warn("the node's nvidia-smi: " + warning)
-    split = attribute(gpus, read_owners(gpus), p["vmid"], p["unit"])
+    owners, names = read_owners(gpus)
+    split = attribute(gpus, owners, p["vmid"], p["unit"], names)
     indexes = p["gpus"] if p["gpus"] else [a["index"] for a in split]
     result = dict(changed=False, gpus=split, foreign_mib={str(k): v for k, v in foreign_by_gpu(split, indexes).items()},
                   lines=lines(split, indexes))

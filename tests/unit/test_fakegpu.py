@@ -537,3 +537,31 @@ def test_host_pids_maps_this_namespace():
     mapping = fakegpu.host_pids(fakegpu.pid_namespace(os.getpid()))
     assert mapping[os.getpid()] == os.getpid()
     assert fakegpu.pid_namespace(2 ** 22 + 5) is None
+
+
+def test_node_view_prints_the_name_a_process_gives_itself_unquoted(state, tmp_path):
+    """As the real tool: a process's argv[0], commas and newlines included, reaches a query with
+    names raw; the node's own query (numbers and UUIDs) is byte-for-byte the real tool's."""
+    set_config(state)
+    hostile = subprocess.Popen(["a, x, 1\n4242, p", "-c", "import time; time.sleep(120)"], executable=sys.executable)
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert poll(lambda: fakegpu.argv0_name(hostile.pid) == "a, x, 1\n4242, p", timeout=10)
+        fakegpu.allocate(5, 20000, pid=hostile.pid)
+        fakegpu.allocate(5, 30000, pid=plain.pid)
+        tenants = [(str(state), os.getpid())]
+        uuid5 = fakegpu.gpu_uuid(5, "lab")
+        rc, out = fakegpu.smi(["--query-compute-apps=pid,process_name,gpu_uuid,used_memory",
+                               "--format=csv,noheader,nounits"], view=lambda: fakegpu.node_view(tenants))
+        assert rc == 0
+        assert "%d, a, x, 1\n4242, p, %s, 20000\n" % (hostile.pid, uuid5) in out
+        assert "%d, %s, %s, 30000\n" % (plain.pid, sys.executable, uuid5) in out
+        rc, out = fakegpu.smi(["--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv"],
+                              view=lambda: fakegpu.node_view(tenants))
+        rows = sorted([(hostile.pid, 20000), (plain.pid, 30000)])
+        assert (rc, out) == (0, "gpu_uuid, pid, used_gpu_memory [MiB]\n" + "".join(
+            "%s, %d, %d MiB\n" % (uuid5, pid, mib) for pid, mib in rows))
+    finally:
+        kill(hostile)
+        kill(plain)
+    assert fakegpu.argv0_name(hostile.pid) == fakegpu.NOT_FOUND

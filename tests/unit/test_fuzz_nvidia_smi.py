@@ -437,3 +437,105 @@ def test_read_gpus_returns_memory_from_query_gpu_or_raises_its_own_error(gpu, ap
     assert all(w.startswith("process list ") for w in warnings)
     if warnings:
         assert all(g["processes"] == [] for g in gpus)
+
+
+# ---------------------------------------------------------------------------------------------
+# the node's process query: no process name can move memory
+
+from ansible_collections.dflash.trainer.plugins.module_utils import _node_gpu as node  # noqa: E402
+
+NODE_UUIDS = ["GPU-%08x-1c2d-4e5f-8a9b-c0ffee00000%d" % (i, i) for i in range(4)]
+# What a tenant may call its process: anything, forged rows and bare line breaks above all.
+HOSTILE_NAME = (st.text(max_size=40)
+                | st.builds("a, x, 1\n{}, p".format, st.integers(1, 4194304))
+                | st.builds("{}, {}, {}, {}".format, st.integers(1, 4194304), st.sampled_from(NODE_UUIDS),
+                            st.integers(0, 10 ** 6), st.sampled_from(["", "\n", "\r\n", "\x0b"]))
+                | st.sampled_from(["x\ny", "\n", ",", ", , , ,", "[Not Found]", "gpu_uuid, pid, used_gpu_memory [MiB]"]))
+OUR_CT, OUR_UNIT = 200, "dflash-trainer.service"
+
+
+def real_tool_compute_apps(argv, holders):
+    """What nvidia-smi prints for ``argv`` (a --query-compute-apps query, --format=csv): the
+    header with units, then one row per holder, every value unquoted (FIELD-NOTES)."""
+    fields = argv[1].split("=", 1)[1].split(",")
+    assert argv[2] == "--format=csv"
+    header = {"gpu_uuid": "gpu_uuid", "pid": "pid", "used_memory": "used_gpu_memory [MiB]",
+              "process_name": "process_name", "name": "process_name"}
+    value = {"gpu_uuid": lambda h: NODE_UUIDS[h["gpu"]], "pid": lambda h: str(h["pid"]),
+             "used_memory": lambda h: "%d MiB" % h["mib"], "process_name": lambda h: h["name"],
+             "name": lambda h: h["name"]}
+    lines = [", ".join(header[f] for f in fields)]
+    lines += [", ".join(value[f](h) for f in fields) for h in holders]
+    return "".join(line + "\n" for line in lines)
+
+
+@st.composite
+def node_holders(draw):
+    """Holders on 4 GPUs: ours (our CT and unit) and tenants', each with any name."""
+    rows = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4194304), st.integers(0, 200000),
+                                   HOSTILE_NAME, st.booleans()),
+                         max_size=8, unique_by=lambda r: (r[0], r[1])))
+    holders = [{"gpu": g, "pid": pid, "mib": mib, "name": name, "ours": ours} for g, pid, mib, name, ours in rows]
+    owners = {}
+    for h in holders:  # one owner per pid: the first row's word
+        owners.setdefault(h["pid"], (OUR_CT, OUR_UNIT) if h["ours"] else (231, "tenant.service"))
+    return holders, owners
+
+
+def node_attribution(holders, owners):
+    argv = smi.query_node_apps_argv("/usr/bin/nvidia-smi")
+    gpus_text = "".join("%d, %s, NVIDIA H200, %d, 143771, 0\n" % (i, NODE_UUIDS[i], sum(
+        h["mib"] for h in holders if h["gpu"] == i)) for i in range(4))
+
+    def run(cmd):
+        if cmd[1].startswith("--query-gpu="):
+            return 0, gpus_text, ""
+        return 0, real_tool_compute_apps(cmd, holders), ""
+    gpus, warnings = smi.read_node_gpus(run, "/usr/bin/nvidia-smi")
+    assert warnings == []
+    return [{k: a[k] for k in ("index", "trainer_mib", "same_ct_mib", "foreign_mib", "unlisted_mib")}
+            for a in node.attribute(gpus, owners, OUR_CT, "dflash-trainer")]
+
+
+@FUZZ
+@given(node_holders())
+def test_no_process_name_changes_the_nodes_memory_attribution(case):
+    """The node's query, printed as the real tool prints it whatever the holders call themselves,
+    attributes each GPU's memory exactly as the holders hold it, and exactly as it would were every
+    process called "python3". (Should the query ever ask for a name again, a forged row or a bare
+    newline breaks this.)"""
+    holders, owners = case
+    got = node_attribution(holders, owners)
+    for a in got:
+        on_gpu = [h for h in holders if h["gpu"] == a["index"]]
+        want_ours = sum(h["mib"] for h in on_gpu if owners[h["pid"]] == (OUR_CT, OUR_UNIT))
+        assert (a["trainer_mib"], a["foreign_mib"], a["unlisted_mib"]) == (
+            want_ours, sum(h["mib"] for h in on_gpu) - want_ours, 0)
+    assert got == node_attribution([dict(h, name="python3") for h in holders], owners)
+
+
+NODE_LINE = (st.text(max_size=60) | st.binary(max_size=60).map(decoded)
+             | st.builds("{}, {}, {}".format, st.sampled_from(NODE_UUIDS + ["GPU-", "MIG-x/1/0", "x"]),
+                         st.sampled_from(["7", "[N/A]", "-1", "", "07"]),
+                         st.sampled_from(["1 MiB", "[N/A]", "[Not Supported]", "1", "MiB", "[x,y]"])))
+
+
+@FUZZ
+@given(st.lists(NODE_LINE, max_size=8), st.booleans())
+def test_node_apps_every_line_is_a_row_or_reported(lines, with_header):
+    """Nothing is folded, split, guessed or dropped: each non-blank line after the header becomes
+    exactly one row whose cells are that line's, or one malformed report."""
+    header = ", ".join(smi.NODE_APP_HEADER)
+    text = (header + "\n" if with_header else "") + "\n".join(lines)
+    apps, malformed = smi.parse_node_apps(text)
+    body = [line for line in text.split("\n") if line.strip()]
+    if not with_header:  # the columns are unknown: nothing is a row
+        assert apps == [] and len(malformed) == max(1, len(body))
+        return
+    rows = [[c.strip() for c in line.split(",")] for line in body[1:]]
+    assert len(apps) + len(malformed) == len(rows)
+    for app in apps:
+        used = "%d MiB" % app["used_memory_mib"] if app["used_memory_mib"] is not None else \
+            app["errors"][0][len("used_memory: "):]
+        assert [app["gpu_uuid"], str(app["pid"]), used] in rows
+        assert app["gpu_uuid"].startswith(("GPU-", "MIG-"))

@@ -1,18 +1,27 @@
 """The node's view (module_utils/_node_gpu.py): cgroup lines of Proxmox VE, plain LXC, cgroup v1
-and the node's own processes; memory split by holder; the messages users read."""
+and the node's own processes; memory split by holder; the messages users read; names a process
+gives itself shown escaped, never read; the module on a node whose nvidia-smi refuses name queries."""
+import json
+import os
+import stat
+
 import pytest
+from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
     attribute,
     cgroup_path,
+    comm_name,
     foreign_by_gpu,
     lines,
     mib_by_index,
     owner,
     preflight_problem,
+    printable,
     proof_problem,
     who,
 )
+from ansible_collections.dflash.trainer.plugins.modules import trainer_node_gpus
 
 
 @pytest.mark.parametrize("text,want", [
@@ -39,6 +48,12 @@ from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
     ("0::/lxc.monitor.200\n", (None, None)),
     ("", (None, None)),
     ("garbage\n\x00\xff", (None, None)),
+    # a tenant's hand-made sub-cgroup: its container is still the first component, and a name
+    # outside systemd's unit alphabet is no unit (it would be shown as one)
+    ("0::/lxc/231/ns/x; 1 MiB held by dflash-trainer in CT 200.service\n", (231, None)),
+    ("0::/lxc/231/ns/lxc/200/ns/system.slice/dflash-trainer.service\n", (231, "dflash-trainer.service")),
+    ("0::/lxc.payload.231/system.slice/system-getty.slice/getty@tty1.service\n", (231, "getty@tty1.service")),
+    ("0::/system.slice/run-r3f2\\x2d1.scope\n", (None, "run-r3f2\\x2d1.scope")),
 ])
 def test_owner(text, want):
     assert owner(text) == want
@@ -126,3 +141,97 @@ def test_proof_problem_when_the_node_disagrees():
 def test_mib_by_index_reads_a_module_argument():
     assert mib_by_index({"7": 20000, "5": "100"}) == {7: 20000, 5: 100}
     assert mib_by_index(None) == {} and mib_by_index({}) == {}
+
+
+def test_printable_escapes_what_a_process_may_call_itself():
+    assert printable("python3") == "python3"
+    assert printable("a, x, 1\n81234, p") == "a, x, 1\\n81234, p"
+    assert printable("x\ty\x00\\\udcff") == "x\\ty\\x00\\\\\\udcff"
+    assert printable("é-名") == "é-名"
+    assert printable("a" * 100) == "a" * 64 + "..."
+    assert printable(None) is None
+    assert comm_name("python3\n") == "python3"
+    assert comm_name("x\ny\n") == "x\\ny"  # the kernel's own newline ends it; one inside is escaped
+    assert comm_name(None) is None
+
+
+def test_names_from_the_node_replace_the_rows_and_never_move_memory():
+    gpus = [gpu(5, 50000, [(1001, None, 30000), (2001, None, 20000)])]
+    names = {1001: "python3", 2001: "a, x, 1\\n1001, p"}
+    (split,) = attribute(gpus, OWNERS, 200, "dflash-trainer", names)
+    assert [(h["pid"], h["name"], h["kind"], h["mib"]) for h in split["holders"]] == [
+        (1001, "python3", "trainer", 30000), (2001, "a, x, 1\\n1001, p", "foreign", 20000)]
+    assert (split["trainer_mib"], split["foreign_mib"]) == (30000, 20000)
+    # without names from the node, a row's own name is shown escaped
+    (split,) = attribute([gpu(5, 1, [(2001, "x\ny", 1)])], OWNERS, 200, "dflash-trainer")
+    assert split["holders"][0]["name"] == "x\\ny"
+    assert who({"pid": 2001, "name": "x\\ny", "vmid": 231, "unit": None}) == "pid 2001 (x\\ny) in CT 231"
+
+
+# ---------------------------------------------------------------------------------------------
+# the module, on a node whose nvidia-smi refuses to be asked for names
+
+U = ["GPU-0000000%d-1c2d-4e5f-8a9b-c0ffee000000" % i for i in range(8)]
+QUERY_GPU = "".join("%d, %s, NVIDIA H200, %d, 143771, 0\n" % (i, U[i], {5: 50000, 6: 50000}.get(i, 0)) for i in range(8))
+CGROUPS = {
+    81234: "0::/lxc/200/ns/system.slice/dflash-trainer.service\n",
+    91234: "0::/lxc/231/ns/system.slice/spoof-comma.service\n",
+    91235: "0::/lxc/231/ns/system.slice/spoof-newline.service\n",
+}
+COMMS = {81234: "python3\n", 91234: "a, x\n1, p\n", 91235: "x\ny\n"}
+
+
+def node_smi(tmp_path, apps):
+    """A node nvidia-smi: --query-gpu answers QUERY_GPU; a process query answers ``apps`` only when
+    it is the node's (gpu_uuid,pid,used_memory), else exits 2 as for an invalid field."""
+    (tmp_path / "gpu.txt").write_text(QUERY_GPU)
+    (tmp_path / "apps.txt").write_text(apps)
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2" in\n'
+        "  --query-gpu=*) cat '%s' ;;\n"
+        "  '--query-compute-apps=gpu_uuid,pid,used_memory --format=csv') cat '%s' ;;\n"
+        "  *) echo 'Invalid combination of input arguments.'; exit 2 ;;\n"
+        "esac\n" % (tmp_path / "gpu.txt", tmp_path / "apps.txt"))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def fake_proc(path):
+    kind, pid = os.path.basename(path), int(path.split("/")[2])
+    if pid not in CGROUPS:
+        raise FileNotFoundError(path)
+    return (CGROUPS if kind == "cgroup" else COMMS)[pid]
+
+
+def run_node_module(tmp_path, capsys, monkeypatch, apps, **args):
+    monkeypatch.setattr(trainer_node_gpus, "_read", fake_proc)
+    args = dict({"vmid": 200, "unit": "dflash-trainer", "gpus": [5, 6], "nvidia_smi": node_smi(tmp_path, apps),
+                 "check": "proof"}, **args)
+    with patch_module_args(args):
+        with pytest.raises(SystemExit):
+            trainer_node_gpus.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_module_splits_by_holder_and_names_from_the_node(tmp_path, capsys, monkeypatch):
+    apps = ("gpu_uuid, pid, used_gpu_memory [MiB]\n%s, 81234, 30000 MiB\n%s, 91234, 20000 MiB\n"
+            "%s, 81234, 30000 MiB\n%s, 91235, 20000 MiB\n" % (U[5], U[5], U[6], U[6]))
+    out = run_node_module(tmp_path, capsys, monkeypatch, apps)
+    assert not out.get("failed"), out
+    split = {g["index"]: g for g in out["gpus"]}
+    assert [(split[i]["trainer_mib"], split[i]["foreign_mib"]) for i in (5, 6)] == [(30000, 20000)] * 2
+    assert {h["pid"]: h["name"] for i in (5, 6) for h in split[i]["holders"]} == {
+        81234: "python3", 91234: "a, x\\n1, p", 91235: "x\\ny"}
+    assert out["lines"] == ["GPU 5: 30000 MiB held by dflash-trainer in CT 200; 20000 MiB by spoof-comma in CT 231",
+                            "GPU 6: 30000 MiB held by dflash-trainer in CT 200; 20000 MiB by spoof-newline in CT 231"]
+    assert out["foreign_mib"] == {"5": 20000, "6": 20000}
+
+
+def test_module_fails_on_a_malformed_row_naming_it(tmp_path, capsys, monkeypatch):
+    apps = "gpu_uuid, pid, used_gpu_memory [MiB]\n%s, 81234, 30000 MiB\n81234, p, %s, 20000\n" % (U[5], U[5])
+    out = run_node_module(tmp_path, capsys, monkeypatch, apps)
+    assert out["failed"]
+    assert out["msg"].startswith("the node's nvidia-smi --query-compute-apps printed 1 malformed line")
+    assert "line 3: '81234, p, %s, 20000' (4 fields, not 3)" % U[5] in out["msg"]

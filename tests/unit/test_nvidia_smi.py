@@ -274,3 +274,111 @@ def test_gpu_info_module_failures(tmp_path, capsys, args, msg):
 def test_gpu_info_module_driver_not_loaded(tmp_path, capsys):
     out = run_module(gpu_info.main, {"nvidia_smi": fake_smi(tmp_path, "driver_not_loaded.txt", rc=9)}, capsys)
     assert out["msg"].startswith("nvidia-smi failed (exit 9: driver not loaded): NVIDIA-SMI has failed")
+
+
+# ---------------------------------------------------------------------------------------------
+# the node's process query: numbers and UUIDs only, every line a row of exactly that shape
+
+NODE_HEADER = "gpu_uuid, pid, used_gpu_memory [MiB]\n"
+U5 = "GPU-3f1a2b00-1c2d-4e5f-8a9b-c0ffee000005"
+
+
+def test_node_apps_argv_asks_for_no_name():
+    assert smi.query_node_apps_argv("/usr/bin/nvidia-smi") == [
+        "/usr/bin/nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv"]
+    assert "name" not in smi.query_node_apps_argv()[1]
+
+
+def test_node_apps_real_format():
+    text = NODE_HEADER + "%s, 81234, 30000 MiB\n%s, 91234, [N/A]\nMIG-7c0b1e2d-0000-5e5e-9a9a-00000000abcd, 5, 0 MiB\n" % (
+        U5, U5)
+    apps, malformed = smi.parse_node_apps(text)
+    assert malformed == []
+    assert apps == [
+        {"gpu_uuid": U5, "pid": 81234, "used_memory_mib": 30000, "errors": []},
+        {"gpu_uuid": U5, "pid": 91234, "used_memory_mib": None, "errors": ["used_memory: [N/A]"]},
+        {"gpu_uuid": "MIG-7c0b1e2d-0000-5e5e-9a9a-00000000abcd", "pid": 5, "used_memory_mib": 0, "errors": []},
+    ]
+    assert smi.parse_node_apps(NODE_HEADER) == ([], [])  # no process: the header alone
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "no header"),
+    ("%s, 81234, 30000 MiB\n" % U5, "not the header"),  # noheader: the columns are unknown
+    ("gpu_uuid, pid, used_gpu_memory\n", "not the header"),  # nounits
+    ("pid, process_name, gpu_uuid, used_gpu_memory [MiB]\n", "not the header"),  # another query
+    (NODE_HEADER + "%s, 81234\n" % U5, "2 fields, not 3"),
+    (NODE_HEADER + "%s, 81234, 30000 MiB, x\n" % U5, "4 fields, not 3"),
+    (NODE_HEADER + "x, 81234, 30000 MiB\n", "gpu_uuid is not"),
+    (NODE_HEADER + "%s, [N/A], 30000 MiB\n" % U5, "pid is not a number"),
+    (NODE_HEADER + "%s, -5, 30000 MiB\n" % U5, "pid is not a number"),
+    (NODE_HEADER + "%s, 81234, 30000\n" % U5, "neither"),
+    (NODE_HEADER + "%s, 81234, 30 GiB\n" % U5, "neither"),
+    (NODE_HEADER + NODE_HEADER, "gpu_uuid is not"),  # a second header is no row
+])
+def test_node_apps_malformed_lines_are_reported_never_read(text, why):
+    apps, malformed = smi.parse_node_apps(text)
+    assert apps == [] and len(malformed) == 1 and why in malformed[0], malformed
+
+
+def test_node_apps_a_forged_name_is_malformed_not_a_row():
+    """What a tenant's name `a, x, 1\\n<pid>, p` would print in a query with names: none of it
+    is a row of the node's query."""
+    text = NODE_HEADER + "%s, 777, 20000 MiB\n777, a, x, 1\n81234, p, %s, 20000\n" % (U5, U5)
+    apps, malformed = smi.parse_node_apps(text)
+    assert [a["pid"] for a in apps] == [777]
+    assert [m.split(":")[0] for m in malformed] == ["line 3", "line 4"]
+    msg = smi.malformed_message(malformed)
+    assert msg.startswith('nvidia-smi --query-compute-apps printed 2 malformed lines (expected "gpu_uuid, pid, '
+                          'used_gpu_memory [MiB]" rows); not read as rows: line 3: ')
+    assert "\n" not in msg
+    assert smi.malformed_message(["line %d: x" % i for i in range(5)]).endswith("line 2: x; and 2 more")
+
+
+class NodeRun(object):
+    """The node's nvidia-smi: refuses any process query but the node's (it must never ask for names)."""
+
+    def __init__(self, apps=(0, NODE_HEADER, ""), gpu=None):
+        self.gpu = gpu or (0, fixture("h200x8_query_gpu.txt"), "")
+        self.apps = apps
+        self.calls = []
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        if argv[1].startswith("--query-gpu="):
+            return self.gpu
+        assert argv == smi.query_node_apps_argv(argv[0])
+        return self.apps
+
+
+def test_read_node_gpus_joins_rows_without_names():
+    gpus = smi.parse_query_gpu(fixture("h200x8_query_gpu.txt"))
+    u4 = gpus[4]["uuid"]
+    run = NodeRun(apps=(0, NODE_HEADER + "%s, 81234, 30000 MiB\n%s, 99, 5 MiB\n" % (u4, U5), ""))
+    got, warnings = smi.read_node_gpus(run, "/usr/bin/nvidia-smi")
+    assert len(run.calls) == 2
+    assert got[4]["processes"] == [{"pid": 81234, "process_name": None, "used_memory_mib": 30000}]
+    assert warnings == ["process list: pid 99 holds 5 MiB on %s, a GPU --query-gpu did not list (not attributed)"
+                        % U5]
+
+
+@pytest.mark.parametrize("apps,match", [
+    ((3, "", ""), r"^nvidia-smi failed \(exit 3: not supported\)"),
+    ((0, NODE_HEADER + "81234, p, GPU-a, 20000\n", ""), r"^nvidia-smi --query-compute-apps printed 1 malformed line "),
+    ((0, "", ""), r"no header"),
+])
+def test_read_node_gpus_an_unreadable_process_list_is_an_error(apps, match):
+    """On the node the process list is what counts: never an empty list in its place."""
+    with pytest.raises(smi.NvidiaSmiError, match=match):
+        smi.read_node_gpus(NodeRun(apps=apps))
+
+
+def test_read_node_gpus_hang_is_an_error():
+    from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
+
+    def run(argv):
+        if argv[1].startswith("--query-gpu="):
+            return 0, fixture("h200x8_query_gpu.txt"), ""
+        raise CommandTimeout(argv, 30)
+    with pytest.raises(smi.NvidiaSmiError, match="did not answer"):
+        smi.read_node_gpus(run)
