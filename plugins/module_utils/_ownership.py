@@ -322,6 +322,14 @@ def collisions(targets):
     problems = []
     seen = {}
     cache = [(v, f.get("real")) for v, k, f in targets if k == "cache"]
+    roots = [(v, f.get("real")) for v, k, f in targets if k == "root"]
+    shown = dict((v, f.get("path")) for v, k, f in targets)
+    for rvar, rpath in roots:
+        for cvar, cpath in cache:
+            if rpath and cpath and (within(cpath, rpath) or within(rpath, cpath)):
+                problems.append((cvar, "%s resolves to %s, %s the release root %s (%s=%s): the purge would delete "
+                                 "releases" % (shown.get(cvar), cpath, "inside" if within(cpath, rpath) else "holding",
+                                               rpath, rvar, shown.get(rvar))))
     for variable, kind, facts in targets:
         real = facts.get("real")
         if kind in FILE_KINDS:
@@ -329,11 +337,14 @@ def collisions(targets):
                 problems.append((variable, "%s resolves to %s, the same file as %s" % (
                     facts.get("path"), real, seen[real][0])))
             seen.setdefault(real, (variable, kind))
+            for rvar, rpath in roots:
+                if rpath and real and within(real, rpath):
+                    problems.append((variable, "%s resolves to %s, inside the release root %s (%s): releases there "
+                                     "are immutable and pruned" % (facts.get("path"), real, rpath, rvar)))
             for cvar, cpath in cache:
                 if cpath and within(real, cpath):
                     problems.append((cvar, "%s resolves to %s, which holds %s (%s=%s): the purge would delete it"
-                                     % (dict((v, f.get("path")) for v, k, f in targets).get(cvar), cpath,
-                                        _WHAT[kind], variable, facts.get("path"))))
+                                     % (shown.get(cvar), cpath, _WHAT[kind], variable, facts.get("path"))))
     return problems
 
 

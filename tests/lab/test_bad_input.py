@@ -32,6 +32,31 @@ echo "pid=$(systemctl show dflash-trainer -p MainPID -p InvocationID -p ActiveSt
 echo "workspace=$(ls -A /workspace | tr '\n' ' ')"
 echo "lock=$(ls -d /run/dflash-trainer.deploy.lock 2>/dev/null)"
 echo "tmp=$(ls -A /tmp | grep -v '^ansible' | tr '\n' ' ')"
+echo "python=$(sha256sum /usr/bin/python3.11 2>&1) $(readlink /usr/bin/python3)"
+echo "shadow=$(sha256sum /etc/shadow 2>&1)"
+echo "passwd=$(sha256sum /etc/passwd 2>&1)"
+echo "root=$(find /root -printf '%p %s %T@\n' 2>/dev/null | sort | sha256sum)"
+echo "planted=$(find /data /workspace/checkpoints -printf '%p %s %T@\n' 2>/dev/null | sort | sha256sum)"
+"""
+
+# Files and links the rows below aim at, planted in the container once: a checkpoint where a cache
+# could be named, a home's ssh keys, foreign files where ours could go, symlinked parents.
+PLANT_SCRIPT = r"""
+set -e
+mkdir -p /workspace/checkpoints /root/.ssh /data/user /data/tool /srv/notes
+echo weights > /workspace/checkpoints/checkpoint.pt
+echo 'ssh-ed25519 AAAA lab' > /root/.ssh/authorized_keys
+echo 'notes of a person' > /workspace/notes.txt
+echo 'KEY=value' > /data/app.env
+printf '#!/bin/sh\necho tool\n' > /data/tool/run
+echo 'someone else' > /workspace/other.log.1
+echo 'data' > /workspace/data.bin
+echo 'x' > /srv/notes/todo.txt
+echo 'not a lock' > /run/dflash-trainer.other
+chown 1000:1000 /data/user
+ln -sfn /opt/dflash-trainer /data/rl
+ln -sfn /etc /data/etclink
+ln -sfn /etc/shadow /workspace/link.log
 """
 
 
@@ -46,6 +71,8 @@ def target(lab, tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT, STOPPED_CT],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["pct", "stop", STOPPED_CT], check=False, capture_output=True)
+    planted = lab.ct(CT, "sh", "-c", PLANT_SCRIPT)
+    assert planted.returncode == 0, planted.stderr
     base = tmp_path_factory.mktemp("bad-input")
     conn = lab.conn_vars()
     inv = base / "hosts.json"
@@ -159,11 +186,77 @@ ROWS = [
     ("inventory-unknown-vmid", "deploy.yml", "bi-unknown-vmid", {}, ["999", "does not exist"]),
     ("inventory-stopped-ct", "deploy.yml", "bi-stopped", {}, [STOPPED_CT, "not running"]),
     ("inventory-no-python", "deploy.yml", "bi-no-python", {}, ["/usr/bin/python3.99", "not found"]),
+    # issue 13: each probe that was accepted (or failed only after the damage) ...
+    ("launcher-is-python", "deploy.yml", "bi", {"trainer_launcher_path": "/usr/bin/python3"},
+     ["trainer_launcher_path", "lies in /usr"]),
+    ("restart-policy-injects-directive", "deploy.yml", "bi",
+     {"trainer_restart_policy": "always\nExecStartPre=/bin/sh -c id"}, ["trainer_restart_policy", "control character"]),
+    ("restart-sec-newline", "deploy.yml", "bi", {"trainer_restart_sec": "\n5"}, ["trainer_restart_sec", "not a number"]),
+    ("stop-timeout-exponent", "deploy.yml", "bi", {"trainer_stop_timeout_s": "1e3"},
+     ["trainer_stop_timeout_s", "not a number"]),
+    ("env-file-is-shadow", "deploy.yml", "bi", {"trainer_env_file": "/etc/shadow"}, ["trainer_env_file", "lies in /etc"]),
+    ("log-is-passwd", "deploy.yml", "bi", {"trainer_log_path": "/etc/passwd"}, ["trainer_log_path", "lies in /etc"]),
+    ("env-file-is-the-unit", "deploy.yml", "bi", {"trainer_env_file": "/etc/systemd/system/dflash-trainer.service"},
+     ["trainer_env_file", "unit file"]),
+    ("cache-is-ssh", "deploy.yml", "bi", {"trainer_inductor_cache_dir": "/root/.ssh"},
+     ["trainer_inductor_cache_dir", "dot-directory"]),
+    ("cache-is-checkpoints", "deploy.yml", "bi", {"trainer_inductor_cache_dir": "/workspace/checkpoints"},
+     ["trainer_inductor_cache_dir", "does not look like a torchinductor cache", "checkpoint.pt"]),
+    ("cache-is-checkpoints-restart", "playbooks/restart.yml", "bi",
+     {"trainer_inductor_cache_dir": "/workspace/checkpoints"}, ["trainer_inductor_cache_dir", "checkpoint.pt"]),
+    ("cache-via-link-to-release-root", "deploy.yml", "bi", {"trainer_inductor_cache_dir": "/data/rl/cache"},
+     ["trainer_inductor_cache_dir", "resolves to /opt/dflash-trainer/cache", "release root"]),
+    ("number-underscore", "deploy.yml", "bi", {"trainer_ready_hold_s": "1_0"}, ["trainer_ready_hold_s", "not a number"]),
+    ("number-arabic-digit", "deploy.yml", "bi", {"trainer_log_keep": "\u0665"}, ["trainer_log_keep", "not a number"]),
+    # ... and what reading the validator as an attacker found
+    ("log-via-link-to-etc", "deploy.yml", "bi", {"trainer_log_path": "/data/etclink/passwd"},
+     ["trainer_log_path", "resolves to /etc/passwd", "lies in /etc"]),
+    ("log-is-link-to-shadow", "deploy.yml", "bi", {"trainer_log_path": "/workspace/link.log"},
+     ["trainer_log_path", "resolves to /etc/shadow"]),
+    ("log-is-a-persons-file", "deploy.yml", "bi", {"trainer_log_path": "/workspace/notes.txt"},
+     ["trainer_log_path", "/workspace/notes.txt exists and was not written by dflash.trainer"]),
+    ("log-rotation-is-foreign", "deploy.yml", "bi", {"trainer_log_path": "/workspace/other.log"},
+     ["trainer_log_path", "/workspace/other.log.1 exists and was not written"]),
+    ("env-file-is-foreign", "deploy.yml", "bi", {"trainer_env_file": "/data/app.env"},
+     ["trainer_env_file", "/data/app.env exists and was not written", "not the environment file"]),
+    ("launcher-is-foreign", "deploy.yml", "bi", {"trainer_launcher_path": "/data/tool/run"},
+     ["trainer_launcher_path", "/data/tool/run exists and was not written", "not the launcher"]),
+    ("launcher-is-sitecustomize", "deploy.yml", "bi",
+     {"trainer_launcher_path": "/usr/local/lib/python3.11/dist-packages/sitecustomize.py"},
+     ["trainer_launcher_path", "lies in /usr"]),
+    ("root-is-a-persons-dir", "deploy.yml", "bi", {"trainer_root": "/srv/notes"},
+     ["trainer_root", "not a release root", "todo.txt"]),
+    ("lock-in-tmp", "deploy.yml", "bi", {"trainer_lock_path": "/tmp/dflash.lock"}, ["trainer_lock_path", "/tmp"]),
+    ("job-state-in-tmp", "deploy.yml", "bi", {"trainer_job_state_path": "/tmp/restart.json"},
+     ["trainer_job_state_path", "every user of the container can write"]),
+    ("job-state-in-users-dir", "deploy.yml", "bi", {"trainer_job_state_path": "/data/user/restart.json"},
+     ["trainer_job_state_path", "owned by uid 1000"]),
+    ("lock-is-foreign-file", "deploy.yml", "bi", {"trainer_lock_path": "/run/dflash-trainer.other"},
+     ["trainer_lock_path", "exists and was not written", "not the deploy lock"]),
+    ("cache-is-a-file", "deploy.yml", "bi", {"trainer_inductor_cache_dir": "/workspace/data.bin"},
+     ["trainer_inductor_cache_dir", "not a torchinductor cache directory"]),
+    ("env-file-in-dot-config", "deploy.yml", "bi", {"trainer_env_file": "/root/.config/trainer.env"},
+     ["trainer_env_file", "dot-directory"]),
+    ("log-in-crontab", "deploy.yml", "bi", {"trainer_log_path": "/var/spool/cron/crontabs/root"},
+     ["trainer_log_path", "lies in /var"]),
+    ("log-in-dev-shm", "deploy.yml", "bi", {"trainer_log_path": "/dev/shm/trainer.log"},
+     ["trainer_log_path", "kernel file system"]),
+    ("restart-policy-unknown", "deploy.yml", "bi", {"trainer_restart_policy": "sometimes"},
+     ["trainer_restart_policy", "not a Restart= value"]),
+    ("number-exponent", "deploy.yml", "bi", {"trainer_ready_timeout_s": "3e2"},
+     ["trainer_ready_timeout_s", "not a number"]),
+    ("number-with-space", "deploy.yml", "bi", {"trainer_log_keep": "3 "}, ["trainer_log_keep", "not a number"]),
+    ("number-infinite", "deploy.yml", "bi", {"trainer_ready_hold_s": "inf"}, ["trainer_ready_hold_s", "not a number"]),
+    ("regex-with-newline", "deploy.yml", "bi", {"trainer_error_regexes": ["NCCL error\nExecStartPre=x"]},
+     ["trainer_error_regexes[0]", "control character"]),
+    ("unit-name-is-dbus", "deploy.yml", "bi", {"trainer_unit_name": "dbus"}, ["trainer_unit_name", "did not write"]),
+    ("rollback-cache-is-checkpoints", "playbooks/rollback.yml", "bi",
+     {"trainer_inductor_cache_dir": "/workspace/checkpoints"}, ["trainer_inductor_cache_dir", "checkpoint.pt"]),
 ]
 
 
 def test_table_is_large_enough():
-    assert len(ROWS) >= 30
+    assert len(ROWS) >= 80
     assert len({r[0] for r in ROWS}) == len(ROWS)
 
 

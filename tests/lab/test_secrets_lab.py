@@ -66,3 +66,36 @@ def test_secret_is_used_but_never_shown(lab, inv, tmp_path):
                          timeout=300, check=False)
     assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
     assert SECRET not in cli.stdout + cli.stderr
+
+
+def test_a_printed_secret_is_masked_in_output_state_and_ledger(lab, inv, tmp_path):
+    """Issue 13 item 6: a pre-flight that prints its token, then a trainer that fails printing it:
+    the play's output says *** instead; the job state file and the ledger hold no secret and are 0600."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+
+    def play(**changes):
+        vars_file = tmp_path / "extra.json"
+        vars_file.write_text(json.dumps(dict(extra(), **changes)))
+        return subprocess.run(["ansible-playbook", "-i", inv, "deploy.yml", "-l", "sec", "-e", "@%s" % vars_file],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    res = play(trainer_preflight_command=["sh", "-c", "echo using token $HF_TOKEN; exit 1"])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "trainer_preflight_command exited with status 1" in out, out[-3000:]
+    assert "using token ***" in out and SECRET not in out
+
+    res = play(trainer_command=["sh", "-c", "echo auth with $HF_TOKEN; echo RuntimeError: token $HF_TOKEN refused; exit 1"],
+               trainer_preflight_command=[])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "RuntimeError: token *** refused" in out, out[-3000:]
+    assert SECRET not in out
+    for path in ("/run/dflash-trainer/restart.json", "/opt/dflash-trainer/ledger.json"):
+        mode = lab.ct(CT, "stat", "-c", "%a", path).stdout.strip()
+        assert mode == "600", (path, mode)
+        text = lab.ct(CT, "cat", path).stdout
+        assert "***" in text and SECRET not in text, path
+    # the restart job brought the last good release back: status shows no secret either
+    status = subprocess.run(["ansible-playbook", "-i", inv, "playbooks/status.yml", "-l", "sec", "-e",
+                             "trainer_target_hosts=all"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert status.returncode == 0 and SECRET not in status.stdout, status.stdout[-2000:]

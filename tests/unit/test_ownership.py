@@ -242,3 +242,17 @@ def test_managed_lists_every_file_a_deploy_writes():
                      "/workspace/t.log.1", "/workspace/t.log.2", "/run/l", "/run/l.guard",
                      "/run/dflash-trainer/s.json", "/tmp/torchinductor_root"]
     assert "/tmp/torchinductor_root" not in [p for _v, _k, p in o.managed(dict(v, trainer_purge_inductor_cache=False))]
+
+
+def test_a_cache_under_a_parent_linked_to_the_release_root_is_refused(tmp_path):
+    root = tmp_path / "opt" / "dflash-trainer"
+    (root / "releases").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rl").symlink_to(root)
+    targets = [("trainer_root", "root", o.observe(str(root), "root")),
+               ("trainer_inductor_cache_dir", "cache", o.observe(str(tmp_path / "data" / "rl" / "cache"), "cache")),
+               ("trainer_log_path", "log", o.observe(str(tmp_path / "data" / "rl" / "t.log"), "log"))]
+    got = dict(o.problems(targets))
+    assert "inside the release root" in got["trainer_inductor_cache_dir"]
+    assert "the purge would delete releases" in got["trainer_inductor_cache_dir"]
+    assert "inside the release root" in got["trainer_log_path"]
