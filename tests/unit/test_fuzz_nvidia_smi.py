@@ -12,6 +12,7 @@ inputs on every run.
 """
 
 import os
+import re
 import time
 
 import pytest
@@ -537,5 +538,6 @@ def test_node_apps_every_line_is_a_row_or_reported(lines, with_header):
     for app in apps:
         used = "%d MiB" % app["used_memory_mib"] if app["used_memory_mib"] is not None else \
             app["errors"][0][len("used_memory: "):]
-        assert [app["gpu_uuid"], str(app["pid"]), used] in rows
+        assert [app["gpu_uuid"], app["pid"], used] in [
+            [r[0], int(r[1]) if re.fullmatch("[0-9]+", r[1]) else r[1], r[2]] for r in rows if len(r) == 3]
         assert app["gpu_uuid"].startswith(("GPU-", "MIG-"))
