@@ -1,0 +1,65 @@
+"""The purge deletes only a torchinductor cache (issue 13 item 3), on a real container: a cache
+that is a mount point is emptied and stays mounted; a cache directory holding a checkpoint is
+refused before the stop, naming it, and the trainer keeps running. Lab container 227."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CT = "227"
+CACHE = "/tmp/torchinductor_root"
+
+
+@pytest.fixture(scope="module")
+def deploy(lab, tmp_path_factory):
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+                   check=True, stdout=subprocess.DEVNULL)
+    base = tmp_path_factory.mktemp("purge")
+    inv = base / "hosts.json"
+    inv.write_text(json.dumps({"all": {"hosts": {"p": {"proxmox_vmid": int(CT)}}, "vars": lab.conn_vars()}}))
+
+    def run(**changes):
+        extra = {"trainer_target_hosts": "all", "trainer_src": os.path.join(ROOT, "examples", "trainer"),
+                 "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
+                 "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_force_restart": True}
+        extra.update(changes)
+        (base / "extra.json").write_text(json.dumps(extra))
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        return subprocess.run(["ansible-playbook", "-i", str(inv), "deploy.yml", "-l", "p", "-e",
+                               "@%s" % (base / "extra.json")], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+
+    res = run()
+    assert res.returncode == 0, res.stdout[-3000:]
+    yield run
+    lab.ct(CT, "umount", CACHE)
+
+
+def main_pid(lab):
+    return lab.ct(CT, "systemctl", "show", "dflash-trainer", "-p", "MainPID", "--value").stdout.strip()
+
+
+def test_a_cache_that_is_a_mount_point_is_emptied_not_removed(lab, deploy):
+    setup = lab.ct(CT, "sh", "-c", "mkdir -p %s && mount -t tmpfs tmpfs %s && mkdir -p %s/ab %s/locks "
+                   "&& echo x > %s/ab/k.so && echo '{}' > %s/memoizer_cache.json" % ((CACHE,) * 6))
+    assert setup.returncode == 0, setup.stderr
+    res = deploy()
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert lab.ct(CT, "mountpoint", "-q", CACHE).returncode == 0
+    # what was there before the stop is gone (the new trainer may have begun to refill it)
+    left = lab.ct(CT, "ls", "-A", CACHE).stdout.split()
+    assert not {"ab", "locks", "memoizer_cache.json"} & set(left), left
+
+
+def test_a_directory_holding_a_checkpoint_is_never_purged(lab, deploy):
+    assert lab.ct(CT, "sh", "-c", "echo weights > %s/checkpoint.pt && mkdir -p %s/ab" % (CACHE, CACHE)).returncode == 0
+    before = main_pid(lab)
+    res = deploy()
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "trainer_inductor_cache_dir" in out and "checkpoint.pt" in out and "refused before any change" in out
+    assert main_pid(lab) == before  # refused before the stop: the trainer was never touched
+    assert lab.ct(CT, "cat", "%s/checkpoint.pt" % CACHE).stdout.strip() == "weights"
