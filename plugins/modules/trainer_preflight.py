@@ -188,18 +188,18 @@ def main():
             rc, out, err = run_bounded(p["preflight_command"], p["timeout_s"], env=run_env, cwd=release_dir)
         except CommandTimeout as exc:
             fail(msg="pre-flight refused the release (the running trainer is untouched): "
-                             "trainer_preflight_command did not finish within %g s" % p["timeout_s"],
-                             output=output_tail(exc.stdout, exc.stderr), checks=checks)
+                 "trainer_preflight_command did not finish within %g s" % p["timeout_s"],
+                 output=output_tail(exc.stdout, exc.stderr), checks=checks)
         except OSError as exc:
             fail(msg="pre-flight refused the release (the running trainer is untouched): "
-                             "trainer_preflight_command cannot run: %s" % exc, checks=checks)
+                 "trainer_preflight_command cannot run: %s" % exc, checks=checks)
         tail = output_tail(out, err)
         result["output"] = tail
         if rc != 0:
             last = tail[-1] if tail else "no output"
             fail(msg="pre-flight refused the release (the running trainer is untouched): "
-                             "trainer_preflight_command exited with status %d: %s" % (rc, last),
-                             output=tail, checks=checks)
+                 "trainer_preflight_command exited with status %d: %s" % (rc, last),
+                 output=tail, checks=checks)
         checks.append("pre-flight command exited 0 in %.1f s" % (time.monotonic() - began))
 
     if p["gpus"]:
@@ -215,7 +215,7 @@ def main():
                                   allowance=mib_by_index(p["gpu_foreign_mib"]))
             if problem:
                 fail(msg="pre-flight refused the release (the running trainer is untouched): " + problem,
-                                 checks=checks)
+                     checks=checks)
             checks.append("no other holder on GPUs %s" % ", ".join(str(g) for g in p["gpus"]))
     module.exit_json(**mask(result, secrets))
 

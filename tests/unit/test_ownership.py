@@ -178,9 +178,9 @@ def cache_tree(base, names):
 
 def test_a_real_inductor_cache_layout_is_accepted(tmp_path):
     # the layout of a real /tmp/torchinductor_root after a tiny torch.compile model (FIELD-NOTES)
-    path = cache_tree(tmp_path / "torchinductor_root", ["3e/", "au/", "yx/", "locks/", "precompiled_headers/",
-                                                       "fxgraph/", "aotautograd/", "triton/", "cache/",
-                                                       "memoizer_cache.json", "tmpa1b2c3.py"])
+    names = ["3e/", "au/", "yx/", "locks/", "precompiled_headers/", "fxgraph/", "aotautograd/", "triton/", "cache/",
+             "memoizer_cache.json", "tmpa1b2c3.py"]
+    path = cache_tree(tmp_path / "torchinductor_root", names)
     assert o.judge("trainer_inductor_cache_dir", "cache", o.observe(path, "cache")) is None
 
 
