@@ -64,7 +64,7 @@ def loop(inv):
 
 
 def test_the_chart_draws_every_release_of_the_lab_ledger(inv, loop, tmp_path):
-    inv_path, _ = inv
+    inv_path = inv[0]
     fast, slow = loop
     chart = tmp_path / "history.svg"
     res = cli(inv_path, "history", "--plot", str(chart), "--min-tokps-ratio", "0.9")
@@ -86,7 +86,7 @@ def test_the_chart_draws_every_release_of_the_lab_ledger(inv, loop, tmp_path):
 
 
 def test_png_and_html_from_the_lab(inv, loop, tmp_path):
-    inv_path, _ = inv
+    inv_path = inv[0]
     for name in ("history.png", "history.html"):
         res = cli(inv_path, "history", "--plot", str(tmp_path / name))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
