@@ -32,6 +32,7 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 import time
 
 TAKE, KEEP, REFUSE, STALE = "take", "keep", "refuse", "stale"
@@ -48,14 +49,25 @@ ATTEMPTS = 3
 # ---------------------------------------------------------------------------------------------
 # pure
 
-def owner_record(token, owner, now, heartbeat=None, expires=None):
+def owner_record(token, owner, now, heartbeat=None, expires=None, mono_end=None, boot=None):
     rec = {"token": token, "owner": owner, "since": now,
            "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
     if heartbeat is not None:
         rec["heartbeat"] = heartbeat
     if expires is not None:
         rec["expires"] = expires
+    if mono_end is not None and boot:
+        rec.update(mono_end=mono_end, boot=boot)
     return json.dumps(rec, sort_keys=True)
+
+
+def boot_id():
+    """This boot's id: CLOCK_MONOTONIC readings compare only within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except (IOError, OSError):
+        return None
 
 
 def _number(value):
@@ -71,10 +83,21 @@ def parse_record(text):
         return None
     if not isinstance(rec, dict) or not _number(rec.get("since")):
         return None
-    for key in ("heartbeat", "expires"):
+    for key in ("heartbeat", "expires", "mono_end"):
         if key in rec and not _number(rec[key]):
             del rec[key]
     return rec
+
+
+def lease_over(record, now, mono=None, boot=None):
+    """Whether the record's lease has ended. Judged on CLOCK_MONOTONIC when the record was
+    written in this boot (a wall-clock step - NTP, a VM resumed - neither ends nor extends a
+    lease), else on the wall clock; None when the record has no lease."""
+    if mono is not None and boot and record.get("boot") == boot and _number(record.get("mono_end")):
+        return mono > record["mono_end"]
+    if "expires" in record:
+        return now > record["expires"]
+    return None
 
 
 def last_alive(record):
@@ -82,7 +105,7 @@ def last_alive(record):
     return max(record["since"], record.get("heartbeat") or record["since"])
 
 
-def decide(record, token, now, stale_s):
+def decide(record, token, now, stale_s, mono=None, boot=None):
     """What to do when the lock already exists.
 
     KEEP: it is ours (same token: the role ran again in the same play);
@@ -93,14 +116,16 @@ def decide(record, token, now, stale_s):
         return STALE
     if record.get("token") == token:
         return KEEP
-    if "expires" in record and now > record["expires"]:
+    if lease_over(record, now, mono, boot):
         return STALE
     if now - last_alive(record) > stale_s:
         return STALE
     return REFUSE
 
 
-def refusal_message(path, record, now):
+def refusal_message(path, record, now, mono=None, boot=None):
+    if mono is not None and boot and record.get("boot") == boot and _number(record.get("mono_end")):
+        record = dict(record, expires=now + (record["mono_end"] - mono))  # the lease's end in this boot's time
     if _number(record.get("expires")):
         return ("another deploy holds %s: %s since %d s ago%s; its lease ends in %d s unless it renews it "
                 "(a dead holder's lock is then taken over; trainer_lock_wait_s waits for it)"
@@ -261,7 +286,7 @@ def _rewrite(path, record):
     os.replace(tmp, os.path.join(path, RECORD))
 
 
-def heartbeat(path, token, lease_s, owner=None, clock=time.time, **extra):
+def heartbeat(path, token, lease_s, owner=None, clock=time.time, mono_clock=time.monotonic, **extra):
     """Renew our lock: heartbeat now, expires now + lease_s (owner and extra fields updated when
     given) -> Outcome KEEP, or NOT_OURS / ERROR (not ok) when it is no longer ours."""
     try:
@@ -272,6 +297,9 @@ def heartbeat(path, token, lease_s, owner=None, clock=time.time, **extra):
                 return Outcome(NOT_OURS, False, not_ours_message(path, record, now) if exists else
                                "lock %s is no longer held (released or removed)" % path, record)
             record = dict(record, heartbeat=now, expires=now + lease_s, **extra)
+            boot = boot_id()
+            if boot:
+                record.update(mono_end=mono_clock() + lease_s, boot=boot)
             if owner:
                 record["owner"] = owner
             _rewrite(path, record)
@@ -280,17 +308,17 @@ def heartbeat(path, token, lease_s, owner=None, clock=time.time, **extra):
         return Outcome(ERROR, False, "Unable to renew lock %s: %s" % (path, exc))
 
 
-def acquire(path, token, owner, stale_s, clock=time.time, lease_s=None):
+def acquire(path, token, owner, stale_s, clock=time.time, lease_s=None, mono_clock=time.monotonic):
     """Take the lock, keep our own, take over a stale one, or refuse -> Outcome. With
     ``lease_s``, the record expires that long after it is taken or renewed (a holder that
     stops renewing - a killed play - is stale then, not after stale_s)."""
     if lease_s is not None:
-        out = _acquire(path, token, owner, stale_s, clock, lease_s)
+        out = _acquire(path, token, owner, stale_s, clock, lease_s, mono_clock)
         if out.ok and out.action == KEEP:
-            renewed = heartbeat(path, token, lease_s, clock=clock)
+            renewed = heartbeat(path, token, lease_s, clock=clock, mono_clock=mono_clock)
             return Outcome(KEEP, renewed.ok, renewed.msg, renewed.record)
         return out
-    return _acquire(path, token, owner, stale_s, clock, None)
+    return _acquire(path, token, owner, stale_s, clock, None, mono_clock)
 
 
 def acquire_waiting(path, token, owner, stale_s, lease_s=None, wait_s=0, clock=time.time,
@@ -298,36 +326,40 @@ def acquire_waiting(path, token, owner, stale_s, lease_s=None, wait_s=0, clock=t
     """acquire(), tried again while a live holder refuses us, for up to ``wait_s`` seconds."""
     deadline = monotonic() + max(wait_s or 0, 0)
     while True:
-        out = acquire(path, token, owner, stale_s, clock=clock, lease_s=lease_s)
+        out = acquire(path, token, owner, stale_s, clock=clock, lease_s=lease_s, mono_clock=monotonic)
         if out.ok or out.action != REFUSE or monotonic() >= deadline:
             return out
         sleep(min(1.0, max(deadline - monotonic(), 0.05)))
 
 
-def _acquire(path, token, owner, stale_s, clock, lease_s):
+def _acquire(path, token, owner, stale_s, clock, lease_s, mono_clock=time.monotonic):
+    boot = boot_id()
     try:
         with guard(path):
             _sweep(path)
             for _attempt in range(ATTEMPTS):
                 now = clock()
+                mono = mono_clock()
+                lease = dict(expires=None if lease_s is None else now + lease_s,
+                             mono_end=None if lease_s is None else mono + lease_s, boot=boot)
                 record, text, exists, mtime = read_lock(path)
                 if not exists:
-                    if _create(path, owner_record(token, owner, now, expires=None if lease_s is None else now + lease_s)):
+                    if _create(path, owner_record(token, owner, now, **lease)):
                         return Outcome(TAKE, True, "took %s" % path, changed=True)
                     continue  # created under us by someone outside the guard: look again
                 if record is None and now - mtime < JUST_STARTING_S:
                     record = {"owner": "a deploy that is just starting", "since": mtime}
                     return Outcome(REFUSE, False, refusal_message(path, record, now), record)
-                verdict = decide(record, token, now, stale_s)
+                verdict = decide(record, token, now, stale_s, mono, boot)
                 if verdict == KEEP:
                     return Outcome(KEEP, True, "%s is already ours" % path, record)
                 if verdict == REFUSE:
-                    return Outcome(REFUSE, False, refusal_message(path, record, now), record)
+                    return Outcome(REFUSE, False, refusal_message(path, record, now, mono, boot), record)
                 moved, aside = _move_aside_if(path, text)
                 if not moved:
                     continue  # it vanished or changed under us: look again
                 _remove(aside)
-                if _create(path, owner_record(token, owner, now, expires=None if lease_s is None else now + lease_s)):
+                if _create(path, owner_record(token, owner, now, **lease)):
                     return Outcome(STALE, True, "took over %s from %s" % (
                         path, (record or {}).get("owner", "an unreadable record")), record, changed=True)
             return Outcome(ERROR, False, "Unable to take lock %s: it kept changing under us (%d tries)"
@@ -374,3 +406,62 @@ def peek(path, token, stale_s, clock=time.time):
     if verdict == KEEP:
         return Outcome(KEEP, True, "%s is already ours" % path, record)
     return Outcome(STALE, True, "would take over %s" % path, record, changed=True)
+
+
+class LeaseKeeper(object):
+    """Renews our lease from a thread every ``every_s`` while a long step runs (a pre-flight, a
+    ``systemctl stop`` as long as TimeoutStopSec, a proof): the lease never lapses under work in
+    progress, whatever one step costs. ``lost`` says why the lock is no longer ours (taken over,
+    removed) once a renewal found so; ``check()`` raises LeaseLost then, so the holder never
+    stops, switches or starts anything for a lock it lost. Renewals are also done on demand
+    (``renew()``) with extra record fields (the restart job's id and pid)."""
+
+    def __init__(self, path, token, lease_s, every_s=None, renew_fn=heartbeat, **extra):
+        self.path, self.token, self.lease_s = path, token, lease_s
+        self.every_s = every_s if every_s is not None else max(1.0, min(5.0, lease_s / 4.0))
+        self.extra = extra
+        self.renew_fn = renew_fn
+        self.lost = None
+        self.last = None
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="dflash-lease", daemon=True)
+
+    def renew(self, **extra):
+        if not self.path or not self.token:
+            return None
+        self.extra.update(extra)
+        with self._mutex:
+            if self.lost:
+                return self.last
+            out = self.renew_fn(self.path, self.token, self.lease_s, **self.extra)
+            self.last = out
+            if out.action == NOT_OURS:
+                self.lost = out.msg
+            return out
+
+    def check(self):
+        if self.lost:
+            raise LeaseLost(self.lost)
+
+    def _loop(self):
+        while not self._stop.wait(self.every_s):
+            self.renew()
+
+    def __enter__(self):
+        self.renew()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=self.every_s + 1)
+        return False
+
+
+class LeaseLost(Exception):
+    """The deploy lock is no longer ours: nothing more may be stopped, switched or started."""
+
+    def __init__(self, msg):
+        super(LeaseLost, self).__init__(msg)
+        self.msg = msg

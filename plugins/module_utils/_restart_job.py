@@ -26,6 +26,7 @@ import os
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, compare, entry, gate
 
 STATE_VERSION = 1
@@ -91,7 +92,10 @@ def outcome_words(state):
     job = "restart job %s (%s, started %s)" % (state.get("job_id", "?"), state.get("owner", "?"),
                                                state.get("started_at", "?"))
     if not state.get("done"):
-        return "%s is in phase %s" % (job, state.get("phase", "?"))
+        if job_alive(state):
+            return "%s is in phase %s" % (job, state.get("phase", "?"))
+        return ("%s was interrupted in phase %s: its process is gone (a reboot, a kill or the OOM killer)"
+                % (job, state.get("phase", "?")))
     result = state.get("result") or {}
     return "%s ended: %s" % (job, result.get("outcome") or result.get("msg") or "?")
 
@@ -109,7 +113,9 @@ class RestartJob(object):
     phase); ``clock`` gives wall time."""
 
     def __init__(self, steps, layout, rollback=True, purge=True, on_phase=None, clock=time.time,
-                 releases_dir="the releases directory", log_path=None, source=None, min_tokps_ratio=None):
+                 releases_dir="the releases directory", log_path=None, source=None, min_tokps_ratio=None,
+                 lease=None):
+        self.lease = lease  # .check() raises LeaseLost once the deploy lock is not ours
         self.source = source
         self.min_tokps_ratio = min_tokps_ratio
         self.releases_dir = releases_dir
@@ -127,6 +133,11 @@ class RestartJob(object):
         self.phases.append(name)
         self.on_phase(name, **kw)
 
+    def _ours(self):
+        """Before anything is stopped, switched or started: the deploy lock is still ours."""
+        if self.lease is not None:
+            self.lease.check()
+
     def _step(self, name, fn, *args):
         """Run one step; any error becomes StepFailed, so whatever fails after the stop ends in a
         restore or a rollback with a recorded reason, never in a stranded trainer."""
@@ -135,7 +146,7 @@ class RestartJob(object):
         except StepFailed:
             raise
         except Exception as exc:  # an OSError from the purge (EBUSY), from switching current, ...
-            raise StepFailed("%s failed: %s" % (name, _words(exc)))
+            raise StepFailed("%s failed: %s" % (name, _words(exc)), unexpected=True)
 
     def cycle(self, release, prefix="", strict_drain=True):
         """stop -> drain -> purge -> start -> prove on the release ``current`` points at.
@@ -144,6 +155,7 @@ class RestartJob(object):
         the stop is noted and the start goes ahead - a trainer that ran beside it before is not
         left stopped because of it (another tenant's memory, a leak outside the unit). A purge that
         fails while bringing back is noted the same way: the start matters more than the cache."""
+        self._ours()
         self.phase(prefix + "stopping", release=release)
         self._step("stop", self.steps.stop)
         self.phase(prefix + "draining", release=release)
@@ -162,6 +174,7 @@ class RestartJob(object):
                 if strict_drain:
                     raise
                 self.warnings.append("%s: %s; started without it" % ((prefix + "purge").strip(), exc.msg))
+        self._ours()
         self.phase(prefix + "starting", release=release)
         started = self._step("start", self.steps.start)
         self.phase(prefix + "proving", release=release, invocation_id=started.get("invocation_id"))
@@ -175,6 +188,18 @@ class RestartJob(object):
         return None
 
     def run(self):
+        """The restart and, on failure, its restore or rollback -> the result dict. Once the deploy
+        lock is no longer this job's, nothing more is stopped, switched or started."""
+        try:
+            return self._run()
+        except LeaseLost as exc:
+            self.phase("done")
+            msg = ("the restart job stopped acting: the deploy lock is no longer its own (%s); nothing more was "
+                   "stopped, switched or started by it" % exc.msg)
+            return dict(ok=False, msg=msg, lease_lost=True, failed_phase=self.phases[-2] if len(self.phases) > 1 else None,
+                        outcome="%s. %s" % (msg, self.steps.unit_state()))
+
+    def _run(self):
         release = self.layout.current()
         result = dict(release=release, restarted=False, rolled_back=False, proof=None)
         ledger = self.layout.ledger()
@@ -191,13 +216,21 @@ class RestartJob(object):
             if refusal:
                 self.phase("gated")
                 raise StepFailed(refusal)
-            self.layout.mark_good(release)
+            try:
+                self.layout.mark_good(release)
+            except Exception as exc:  # the trainer is proved: a bookkeeping error is said, not rolled back
+                self.warnings.append("could not record %s as last good: %s" % (release, _words(exc)))
+                result["warnings"] = list(self.warnings)
             self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock())])
             result.update(ok=True, proof=proof, outcome="ready: release %s proved (pid %s, step %s, %s tok/s)" % (
                 release, proof.get("main_pid"), proof.get("step"), proof.get("tok_s")))
             self.phase("done")
             return result
-        except StepFailed as exc:
+        except LeaseLost:
+            raise
+        except Exception as error:  # pylint: disable=broad-exception-caught  # never a stranded trainer
+            exc = error if isinstance(error, StepFailed) else StepFailed("unexpected error: %s" % _words(error),
+                                                                         unexpected=True)
             result.update(ok=False, msg=exc.msg, failure=exc.msg, failed_phase=self.phases[-1] if self.phases else None,
                           log_tail=exc.details.get("log_tail") or [], failure_details=exc.details)
             result["restarted"] = any(p == "proving" for p in self.phases)
@@ -205,8 +238,10 @@ class RestartJob(object):
         last_good = self.layout.last_good()
         if not self.rollback:
             result["outcome"] = "no rollback (trainer_rollback is off): %s" % self.steps.unit_state()
-        elif result["failed_phase"] in ("stopping", "draining", "purging") and (last_good in (None, release)):
-            # nothing new was started: the release that ran is brought back rather than left stopped
+        elif (result["failed_phase"] in ("stopping", "draining", "purging", "starting")
+              or exc.details.get("unexpected")) and last_good in (None, release):
+            # nothing was proved wrong (it never started, or our own step failed): the release that
+            # ran is brought back rather than left stopped
             self.phase("restoring", release=release)
             try:
                 _started, proof = self.cycle(release, prefix="restore ", strict_drain=False)
@@ -219,7 +254,7 @@ class RestartJob(object):
         elif not last_good or last_good == release:
             self.phase("stopping failed trainer")
             try:
-                self.steps.stop()
+                self._step("stop", self.steps.stop)
             except StepFailed as exc:
                 result["stop_failure"] = exc.msg
             result["outcome"] = ("No rollback: no other release under %s has passed the proof (last good: %s). "
@@ -230,6 +265,7 @@ class RestartJob(object):
             self.phase("rolling back", release=last_good)
             result.update(rolled_back=True, rollback_release=last_good)
             try:
+                self._ours()
                 self._step("switching current back", self.layout.switch, last_good)
                 _started, proof = self.cycle(last_good, prefix="rollback ", strict_drain=False)
                 records.append(entry(release, "rolled back", result.get("figures"), self.source, result["failure"],
@@ -258,5 +294,5 @@ class RestartJob(object):
         """The ledger is bookkeeping: failing to write it never changes the verdict (it is said)."""
         try:
             self.layout.record(records)
-        except (IOError, OSError) as exc:
+        except Exception as exc:  # pylint: disable=broad-exception-caught
             result["ledger_error"] = "Unable to write the release ledger: %s" % exc

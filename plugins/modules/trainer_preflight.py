@@ -62,6 +62,24 @@ options:
     description: Memory a GPU may hold (MiB) that is not the trainer's.
     type: int
     default: 1024
+  lock:
+    description:
+      - The play's deploy lock (C(path), C(token), C(lease_s)); its lease is renewed while the pre-flight runs,
+        however long O(timeout_s) is. Omit to renew nothing.
+    type: dict
+    suboptions:
+      path:
+        description: The lock.
+        type: path
+        required: true
+      token:
+        description: This play's token.
+        type: str
+        required: true
+      lease_s:
+        description: The lease (seconds).
+        type: int
+        required: true
   nvidia_smi:
     description: The nvidia-smi program.
     type: str
@@ -102,6 +120,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
@@ -151,9 +170,22 @@ def main():
             max_mib=dict(type="int", default=1024),
             gpu_foreign_mib=dict(type="dict", default={}),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
+            lock=dict(type="dict", options=dict(
+                path=dict(type="path", required=True),
+                token=dict(type="str", required=True, no_log=False),
+                lease_s=dict(type="int", required=True),
+            )),
         ),
         supports_check_mode=True,
     )
+    lock = module.params["lock"] or {}
+    # the play's lease is renewed while the pre-flight runs (it may take longer than the lease)
+    # (a lease lost meanwhile is found by the restart job, which then touches nothing)
+    with LeaseKeeper(lock.get("path"), lock.get("token"), lock.get("lease_s") or 30):
+        preflight(module)
+
+
+def preflight(module):
     p = module.params
     try:
         environment = json.loads(p["environment_json"] or "{}")

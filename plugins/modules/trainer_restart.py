@@ -41,7 +41,7 @@ options:
   state_path:
     description: The job's state file in the container.
     type: path
-    default: /run/dflash-trainer/restart.json
+    default: /var/lib/dflash-trainer/restart.json
   wait_s:
     description: With O(state=wait), how long to wait for the job to finish before returning its phase.
     type: float
@@ -87,17 +87,32 @@ options:
     type: int
     default: 1024
   ready_regex:
-    description: A line of this start's log that shows the trainer ready.
+    description: Python regular expression a line of this start's log must match (by default a throughput line).
     type: str
-    default: "tok/s"
+    default: 'tok(?:en)?s?/s(?:ec)?\b|tokens? per sec'
   step_regex:
-    description: The step counter (first group).
+    description:
+      - Python regular expression whose first group that takes part in the match is the step counter.
+      - The default reads step, global_step, iter, iteration, it=, batch, [N/M] and tqdm's N/M [.
     type: str
-    default: '\bstep[=: ]\s*(\d+)'
+    default: >-
+      (?x)(?=[gGsSiIbB\[\d])(?:
+      (?<![A-Za-z_])(?i:global[_ ]step|step|iteration|iter|batch)(?:[ \t]*[=:#])?[ \t]*(?:\[[ \t]*)?
+      (\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)
+      |(?<![A-Za-z_])it[ \t]*[=:][ \t]*(\d+)(?!\w|[.,]\d)
+      |\[\s*(\d+)\s*/\s*\d+\s*\]
+      |(?<![\w./:])(\d+)(?:/\d+|it)\s+\[\d+:\d)
   tokps_regex:
-    description: The throughput (first group).
+    description:
+      - Python regular expression whose first group that takes part in the match is the throughput in tokens per second.
+      - The figure is read as people write it (12.4K, 12,400, 1.2e4) and kept in tok/s.
     type: str
-    default: 'tok/s[=: ]\s*([0-9.]+)'
+    default: >-
+      (?x)(?=[t\d])(?:
+      (?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?:\s*[=:])?\s*
+      ((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
+      |(?<![\w.,])((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
+      \s*(?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?!(?:\s*[=:])?\s*\d))
   error_regexes:
     description: Lines that fail the proof at once.
     type: list
@@ -240,7 +255,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
     start,
     stop,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import heartbeat, release
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, release
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     _Lock,
@@ -259,11 +274,15 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+    DEFAULT_READY_REGEX,
+    DEFAULT_STEP_REGEX,
+    DEFAULT_TOKPS_REGEX,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import append_ledger, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
 
-RENEW_EVERY_S = 5.0
 
 
 class Steps(object):
@@ -360,40 +379,41 @@ def run_job(module):
     state = dict(version=1, job_id=p["job_id"], pid=pid, pid_start=pid_start(pid), owner=p["owner"],
                  started=time.time(), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  reasons=p["reasons"], phase="starting job", done=False)
-    last_renew = [0.0]
-
     last_said = [0.0]
 
-    def renew(force=False, waiting=None):
+    def tick(waiting=None):
+        """What the phase still waits for, for the watcher (the lease is renewed by its keeper)."""
         now = time.monotonic()
-        if waiting and now - last_said[0] >= 2.0:  # what the phase still waits for, for the watcher
+        if waiting and now - last_said[0] >= 2.0:
             last_said[0] = now
             state.update(waiting=waiting)
             save()
-        if p["lock_path"] and (force or now - last_renew[0] >= RENEW_EVERY_S):
-            last_renew[0] = now
-            heartbeat(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"], job_pid=pid)
 
     def on_phase(name, **kw):
         state.update(phase=name, phase_at=time.time(), waiting=None, **kw)
-        write_state(p["state_path"], state)
-        renew(force=True)
+        save()
+        keeper.renew()
 
-    write_state(p["state_path"], state)
-    renew(force=True)
+    save()
+    # The job takes the lease over from the play (same token, renewed with the job's id and pid in
+    # one guarded rewrite) and renews it from a thread for as long as it runs - a stop as long as
+    # TimeoutStopSec or a long proof included; before it stops, switches or starts anything it
+    # checks the lease is still its own.
+    keeper = LeaseKeeper(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"], job_pid=pid)
     try:
-        steps = Steps(p, systemctl, nvidia_smi, renew)
-        job = RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
-                         on_phase=on_phase, releases_dir=os.path.join(p["root"], "releases"),
-                         log_path=p["log_path"], source=p["source"] or None,
-                         min_tokps_ratio=p["min_tokps_ratio"] or None)
-        result = job.run()
+        with keeper:
+            steps = Steps(p, systemctl, nvidia_smi, tick)
+            job = RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
+                             on_phase=on_phase, releases_dir=os.path.join(p["root"], "releases"),
+                             log_path=p["log_path"], source=p["source"] or None,
+                             min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper)
+            result = job.run()
     except StepFailed as exc:  # before the cycle (a bad regex): nothing was stopped
         result = dict(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg)
-    except Exception as exc:  # the job must always record an outcome and free the lock
+    except Exception as exc:  # pylint: disable=broad-exception-caught  # always an outcome and a free lock
         result = dict(ok=False, msg="restart job crashed: %r" % (exc,), outcome="restart job crashed: %r" % (exc,))
     finally:
-        if p["lock_path"]:
+        if p["lock_path"] and not keeper.lost:
             release(p["lock_path"], p["lock_token"])
     result = mask(result, secrets)  # log tails and failure reasons: a trainer may print a token
     state.update(done=True, phase="done", finished=time.time(), result=result)
@@ -408,9 +428,11 @@ def start_detached(module):
     """Run the job in a grandchild detached from this module's session and streams (it survives
     the connection, the controller and this process), return once it has recorded itself."""
     p = module.params
-    before = (read_state(p["state_path"]) or {}).get("job_id")
-    if before == p["job_id"]:
+    earlier = read_state(p["state_path"]) or {}
+    if earlier.get("job_id") == p["job_id"]:
         module.fail_json(msg="restart job %s was already started" % p["job_id"])
+    if job_alive(earlier):
+        module.fail_json(msg="refused: %s; one restart at a time" % outcome_words(earlier))
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the detached side, exercised by the lab tests
@@ -480,7 +502,7 @@ def main():
         argument_spec=dict(
             state=dict(type="str", choices=["start", "run", "wait"], default="run"),
             job_id=dict(type="str", required=True),
-            state_path=dict(type="path", default="/run/dflash-trainer/restart.json"),
+            state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
             wait_s=dict(type="float", default=30),
             unit=dict(type="str"),
             root=dict(type="path"),
@@ -492,9 +514,9 @@ def main():
             drain_timeout_s=dict(type="float", default=60),
             stop_timeout_s=dict(type="float", default=30),
             min_mib=dict(type="int", default=1024),
-            ready_regex=dict(type="str", default="tok/s"),
-            step_regex=dict(type="str", default=r"\bstep[=: ]\s*(\d+)"),
-            tokps_regex=dict(type="str", default=r"tok/s[=: ]\s*([0-9.]+)"),
+            ready_regex=dict(type="str", default=DEFAULT_READY_REGEX),
+            step_regex=dict(type="str", default=DEFAULT_STEP_REGEX),
+            tokps_regex=dict(type="str", default=DEFAULT_TOKPS_REGEX),
             error_regexes=dict(type="list", elements="str", default=[]),
             min_steps=dict(type="int", default=2),
             hold_s=dict(type="float", default=10),

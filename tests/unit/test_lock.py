@@ -307,17 +307,74 @@ def test_lease_expires_a_dead_holder_and_the_refusal_says_when(tmp_path):
     from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
     path = str(tmp_path / "deploy.lock")
     now = [1000.0]
-    assert lk.acquire(path, "a", "alice", 3600, clock=lambda: now[0], lease_s=45).ok
+    assert lk.acquire(path, "a", "alice", 3600, clock=lambda: now[0], lease_s=45, mono_clock=lambda: now[0] - 900).ok
     now[0] += 10
-    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45)
+    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45, mono_clock=lambda: now[0] - 900)
     assert not out.ok and "its lease ends in 35 s" in out.msg and "alice" in out.msg
-    assert lk.heartbeat(path, "a", 45, clock=lambda: now[0], job="a-1").ok  # renewed: 45 s from now
+    assert lk.heartbeat(path, "a", 45, clock=lambda: now[0], mono_clock=lambda: now[0] - 900, job="a-1").ok  # renewed: 45 s from now
     now[0] += 40
-    assert not lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45).ok
+    assert not lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45, mono_clock=lambda: now[0] - 900).ok
     now[0] += 6  # past the renewed lease: the holder is gone
-    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45)
+    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: now[0], lease_s=45, mono_clock=lambda: now[0] - 900)
     assert out.ok and out.action == lk.STALE
-    assert not lk.heartbeat(path, "a", 45, clock=lambda: now[0]).ok  # the old holder learns it lost it
+    assert not lk.heartbeat(path, "a", 45, clock=lambda: now[0], mono_clock=lambda: now[0] - 900).ok  # the old holder learns it lost it
+
+
+def test_a_wall_clock_step_neither_ends_nor_extends_a_lease(tmp_path):
+    """Leases are judged on CLOCK_MONOTONIC within one boot: NTP stepping the wall clock an hour
+    forward does not hand a live holder's lock to someone else, nor does a step back keep a dead
+    holder's lock."""
+    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    path = str(tmp_path / "deploy.lock")
+    wall, mono = [1000.0], [50.0]
+    assert lk.acquire(path, "a", "alice", 3600, clock=lambda: wall[0], lease_s=45, mono_clock=lambda: mono[0]).ok
+    wall[0] += 3600  # the wall clock jumps an hour; 10 s really pass
+    mono[0] += 10
+    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: wall[0], lease_s=45, mono_clock=lambda: mono[0])
+    assert not out.ok and "its lease ends in 35 s" in out.msg
+    wall[0] -= 7200  # stepped back; 40 s really pass
+    mono[0] += 40
+    out = lk.acquire(path, "b", "bob", 3600, clock=lambda: wall[0], lease_s=45, mono_clock=lambda: mono[0])
+    assert out.ok and out.action == lk.STALE
+
+
+def test_a_lease_from_another_boot_is_judged_on_the_wall_clock():
+    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    rec = {"token": "a", "owner": "x", "since": 0, "expires": 100, "mono_end": 10 ** 9, "boot": "other-boot"}
+    assert lk.decide(rec, "b", 101, 3600, mono=5, boot="this-boot") == lk.STALE
+    assert lk.decide(rec, "b", 99, 3600, mono=5, boot="this-boot") == lk.REFUSE
+    assert lk.decide(dict(rec, boot="this-boot"), "b", 101, 3600, mono=5, boot="this-boot") == lk.REFUSE
+
+
+def test_the_lease_keeper_renews_while_work_runs_and_notices_a_loss(tmp_path):
+    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    path = str(tmp_path / "deploy.lock")
+    assert lk.acquire(path, "a", "alice", 3600, lease_s=30).ok
+    calls = []
+
+    def renew(p, token, lease_s, **extra):
+        calls.append(extra)
+        return lk.heartbeat(p, token, lease_s, **extra)
+
+    with lk.LeaseKeeper(path, "a", 30, every_s=0.01, renew_fn=renew, job="j1") as keeper:
+        deadline = __import__("time").monotonic() + 5
+        while len(calls) < 3 and __import__("time").monotonic() < deadline:
+            __import__("time").sleep(0.01)
+        assert len(calls) >= 3 and calls[0] == {"job": "j1"}
+        keeper.check()  # still ours
+        assert lk.read_lock(path)[0]["job"] == "j1"
+        # someone takes the lock over (our lease was judged over)
+        lk.release(path, "a")
+        assert lk.acquire(path, "b", "bob", 3600, lease_s=30).ok
+        deadline = __import__("time").monotonic() + 5
+        while keeper.lost is None and __import__("time").monotonic() < deadline:
+            __import__("time").sleep(0.01)
+        try:
+            keeper.check()
+            raise AssertionError("check() did not raise")
+        except lk.LeaseLost as exc:
+            assert "bob" in exc.msg
+    assert lk.read_lock(path)[0]["owner"] == "bob"  # the keeper never wrote over the new holder's record
 
 
 def test_acquire_waiting_tries_again_until_the_holder_lets_go(tmp_path):

@@ -215,3 +215,96 @@ def test_the_rollback_does_not_strand_the_last_good_release_on_a_drain_failure()
     res = RestartJob(steps, FakeLayout(current="new", last_good="old")).run()
     assert res["rolled_back"] and "rollback_proof" in res and steps.calls[-2:] == ["start", "prove"]
     assert res["warnings"] == ["rollback drain gate: held; started anyway (it ran beside that memory before)"]
+
+
+class ErrorSteps(FakeSteps):
+    """FakeSteps whose ``error_in`` step raises an unexpected exception (not StepFailed) once."""
+
+    def __init__(self, error_in, error):
+        super(ErrorSteps, self).__init__()
+        self.error_in, self.error = error_in, error
+
+    def _step(self, name, value=None):
+        out = super(ErrorSteps, self)._step(name, value)
+        if name == self.error_in and self.n[name] == 1:
+            raise self.error
+        return out
+
+
+@pytest.mark.parametrize("step", ["stop", "drain", "purge", "start", "prove"])
+@pytest.mark.parametrize("error", [OSError(16, "Device or resource busy", "/tmp/torchinductor_root"),
+                                   ValueError("bad json"), KeyError("invocation_id")])
+@pytest.mark.parametrize("last_good", ["old", "new"])
+def test_any_error_in_any_step_ends_in_restore_or_rollback(step, error, last_good):
+    """Issue 14 item 2: whatever a step raises, the job never ends with the trainer stopped and no
+    reason: a release that never started is brought back, a started one is rolled back."""
+    steps = ErrorSteps(step, error)
+    layout = FakeLayout(current="new", last_good=last_good)
+    result = RestartJob(steps, layout).run()
+    assert result["ok"] is False and result["failure"].startswith(step if step != "prove" else "proof")
+    assert ("%s" % error.args[-1] if not isinstance(error, OSError) else "Device or resource busy") in result["failure"]
+    assert steps.calls[-1] == "prove" and steps.n["prove"] >= 1  # something was started and proved at the end
+    if last_good == "old":
+        assert result.get("rolled_back") and ("switch", "old") in layout.events
+    else:
+        assert result.get("restored") or result["failed_phase"] in ("starting", "proving")
+    assert layout.entries and layout.entries[0]["reason"]
+
+
+def test_an_error_switching_current_back_is_a_recorded_failure():
+    class BadLayout(FakeLayout):
+        def switch(self, rid):
+            raise OSError(30, "Read-only file system", "/opt/dflash-trainer/current")
+
+    steps = FakeSteps(fail=[("prove", 1, "no progress")])
+    result = RestartJob(steps, BadLayout()).run()
+    assert result["ok"] is False and "Read-only file system" in result["rollback_failure"]
+    assert "FAILED as well" in result["outcome"]
+
+
+def test_a_bookkeeping_error_after_the_proof_keeps_the_proved_trainer():
+    class BadLayout(FakeLayout):
+        def mark_good(self, rid):
+            raise OSError(28, "No space left on device", "/opt/dflash-trainer/last_good")
+
+    steps = FakeSteps()
+    result = RestartJob(steps, BadLayout()).run()
+    assert result["ok"] is True and "No space left on device" in result["warnings"][0]
+    assert steps.calls == ["stop", "drain", "purge", "start", "prove"]
+
+
+class Lease(object):
+    def __init__(self, lose_after_checks):
+        self.left = lose_after_checks
+        self.checks = 0
+
+    def check(self):
+        from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
+        self.checks += 1
+        if self.checks > self.left:
+            raise LeaseLost("lock /run/x is held by bob on ci since 3 s ago, not by this play")
+
+
+@pytest.mark.parametrize("lose_after,calls", [
+    (0, []),  # lost before the stop: nothing is touched
+    (1, ["stop", "drain", "purge"]),  # lost while stopped: it does not start the trainer for a lock it lost
+])
+def test_a_job_that_lost_its_lease_stops_acting(lose_after, calls):
+    steps = FakeSteps()
+    layout = FakeLayout()
+    result = RestartJob(steps, layout, lease=Lease(lose_after)).run()
+    assert result["ok"] is False and result["lease_lost"]
+    assert "held by bob" in result["msg"] and "nothing more was stopped, switched or started" in result["msg"]
+    assert steps.calls == calls and layout.events == []
+
+
+def test_a_lease_lost_during_a_failed_proof_never_rolls_back():
+    steps = FakeSteps(fail=[("prove", 1, "no progress")])
+    layout = FakeLayout()
+    result = RestartJob(steps, layout, lease=Lease(2)).run()  # checks: stop, start; the rollback's is the 3rd
+    assert result["lease_lost"] and layout.events == [] and steps.calls == ["stop", "drain", "purge", "start", "prove"]
+
+
+def test_an_interrupted_job_is_named_as_such():
+    state = {"job_id": "j1", "owner": "alice", "started_at": "t", "phase": "proving", "done": False, "pid": 2 ** 22 + 7}
+    assert "was interrupted in phase proving" in outcome_words(state)
