@@ -74,6 +74,8 @@ def describe_host(h: HostResult) -> list[str]:
         lines.append("  GPU MiB %s; last progress: %s (%s tok/s)" % (s.gpus_mib, s.last_progress_line, s.tok_s))
         if s.last_job:
             lines.append("  last restart: %s" % s.last_job.get("words"))
+        if s.health:
+            lines.append("  health: %s%s" % ("" if s.health.get("ok") else "NOT OK: ", s.health.get("words")))
         if s.history:
             lines.append("  RELEASE           WHEN                  VERDICT       TOK/S MEDIAN (P10-P90, N)   SOURCE")
             lines.extend("  " + str(row.get("line") or row.get("release")) for row in s.history)

@@ -155,6 +155,8 @@ class TrainerStatus:
     # the release ledger's last entries, newest first (playbooks/history.yml), and the last restart job
     history: list = field(default_factory=list)
     last_job: Optional[dict] = None
+    # whether it runs its proved release healthily: ok, words ("died 3 min after its proof: ..."), died
+    health: Optional[dict] = None
 
     @classmethod
     def from_result(cls, res: Any) -> Optional["TrainerStatus"]:
@@ -170,7 +172,8 @@ class TrainerStatus:
                    last_progress_line=_str(res.get("last_progress_line")), tok_s=_float(res.get("tok_s")),
                    seconds_since_start=_float(res.get("seconds_since_start")),
                    history=[dict(row) for row in res.get("history") or [] if isinstance(row, Mapping)],
-                   last_job=dict(res["last_job"]) if isinstance(res.get("last_job"), Mapping) else None)
+                   last_job=dict(res["last_job"]) if isinstance(res.get("last_job"), Mapping) else None,
+                   health=dict(res["health"]) if isinstance(res.get("health"), Mapping) else None)
 
 
 @dataclass(frozen=True)

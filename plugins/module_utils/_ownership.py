@@ -13,7 +13,8 @@ there:
 
 * a file the collection writes must be absent or carry its kind's mark - the unit's description,
   the launcher's and the environment file's header line, the launcher's start marker as a log's
-  first line, the lock's owner record, the job state's ``job_id`` - so it is something this
+  first line, the lock's owner record, the job state's ``job_id``, the metrics file's first line
+  ``# dflash.trainer metrics …`` - so it is something this
   collection wrote; anything else is refused, naming the variable and what is there;
 * the resolved path must still pass the text rules (``placement_problem``): no system
   configuration directory, no world-writable directory for files opened as root, no dot-directory
@@ -46,14 +47,17 @@ _LOG_MARK_RE = re.compile(r"^==> dflash\.trainer start invocation=\S* release=\S
 HEAD_BYTES = 4096
 
 # -- kinds ------------------------------------------------------------------------------------------
-FILE_KINDS = ("launcher", "env", "unit", "log", "log_rotation", "log_start", "lock", "lock_guard", "state")
+FILE_KINDS = ("launcher", "env", "unit", "log", "log_rotation", "log_start", "lock", "lock_guard", "state", "metrics")
 KINDS = FILE_KINDS + ("cache", "root")
 _WHAT = {
     "launcher": "the launcher", "env": "the environment file", "unit": "the unit file", "log": "the trainer's log",
     "log_rotation": "a rotation of the trainer's log", "log_start": "the log's start-marker record",
     "lock": "the deploy lock", "lock_guard": "the deploy lock's guard file", "state": "the restart job's state file",
     "cache": "the torchinductor cache", "root": "the release root",
+    "metrics": "the trainer's metrics file",
 }
+# the metrics file's first line (the launcher writes it, roles/trainer/files/dflash-trainer-launch)
+METRICS_MARK = "# dflash.trainer metrics"
 # files opened by root that another user must not be able to swap for a symlink
 STATE_KINDS = ("lock", "lock_guard", "state")
 
@@ -83,6 +87,9 @@ _PLACES = (
     ("/var", ("/var/log", "/var/lib/dflash-trainer"), "it holds system state (spools, package data)"),
     ("/run", ("/run/dflash-trainer",), "it holds the system's runtime state"),
 )
+# node_exporter's textfile collector directories (Debian's prometheus-node-exporter; the usual manual
+# install): only the metrics file may live there
+METRICS_PLACES = ("/var/lib/prometheus/node-exporter", "/var/lib/node_exporter/textfile_collector")
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/run/lock")
 _HOME_DOT_RE = re.compile(r"^(/root|/home/[^/]+)/\.")
 # a cache may live under ~/.cache (TORCHINDUCTOR_CACHE_DIR=/root/.cache/...), not in other dot-directories
@@ -106,6 +113,8 @@ def placement_problem(kind, path):
             return "lies in a dot-directory of a home (only ~/.cache/... may hold a cache)"
         return None
     if kind == "root":
+        return None
+    if kind == "metrics" and any(within(path, a) for a in METRICS_PLACES):
         return None
     for prefix, allowed, why in _PLACES:
         if within(path, prefix) and not any(within(path, a) or path.startswith(a + ".") or path.startswith(a + "-")
@@ -229,6 +238,8 @@ def is_ours(kind, facts):
         return facts.get("record") is None or _json_has(facts["record"], ("token",))
     if kind == "lock_guard":
         return t == "file" and facts.get("size", 0) == 0  # flock only: never written
+    if kind == "metrics":
+        return t == "file" and head.startswith(METRICS_MARK)
     if kind == "root":
         names = {n for n, _k in facts.get("entries") or []}
         return t == "dir" and (not names or "releases" in names)
@@ -386,6 +397,8 @@ def managed(variables, unit_path=None):
         out.append(("trainer_lock_path", "lock_guard", lock + ".guard"))
     if variables.get("trainer_job_state_path"):
         out.append(("trainer_job_state_path", "state", variables["trainer_job_state_path"]))
+    if variables.get("trainer_metrics_path"):
+        out.append(("trainer_metrics_path", "metrics", variables["trainer_metrics_path"]))
     cache = variables.get("trainer_inductor_cache_dir")
     purge = variables.get("trainer_purge_inductor_cache", True)
     if cache and purge not in (False, "false", "False", "no", "0", 0):

@@ -28,6 +28,8 @@ import time
 
 LEDGER_KEEP = 50
 PROVED = "proved"
+# a proved entry's start of the trainer may be read a little before the proof's own clock
+START_SLACK_S = 2.0
 
 # --- figures as people write them -----------------------------------------------------------
 
@@ -84,7 +86,6 @@ def read_figure(match):
         return parse_figure(text), None
     except ValueError as exc:
         return None, str(exc)
-
 
 
 def percentile(values, q):
@@ -219,6 +220,87 @@ def append_ledger(path, new_entries, keep=LEDGER_KEEP):
     return entries
 
 
+# --- a death after the proof ---------------------------------------------------------------------
+# The launcher (roles/trainer/files/dflash-trainer-launch) notices its trainer exiting without a
+# stop (no SIGTERM from systemd) and adds to the ledger entry that proved this activation
+# ``died``: {after_s, at, time, reason, exit, invocation, count}. The words and the health of the
+# running trainer are judged here, from the ledger and the unit (pure).
+
+def fmt_age(seconds):
+    """23 -> "23 s", 190 -> "3 min", 7300 -> "2 h 2 min"."""
+    if seconds is None:
+        return "?"
+    seconds = max(0.0, float(seconds))
+    if seconds < 120:
+        return "%.0f s" % seconds
+    if seconds < 7200:
+        return "%.0f min" % (seconds / 60.0)
+    return "%d h %d min" % (seconds // 3600, (seconds % 3600) // 60)
+
+
+def died_words(e):
+    """"proved, then died after 23 s: torch.OutOfMemoryError: …" for a proved entry whose trainer died
+    after its proof, else None."""
+    died = (e or {}).get("died")
+    if (e or {}).get("verdict") != PROVED or not isinstance(died, dict):
+        return None
+    words = "proved, then died after %s: %s" % (
+        fmt_age(died.get("after_s")), died.get("reason") or died.get("exit") or "no reason in the log")
+    if (died.get("count") or 1) > 1:
+        words += " (%d deaths since the proof)" % died["count"]
+    return words
+
+
+def latest_entry(ledger, release):
+    """The newest ledger entry of ``release`` (any verdict), or None."""
+    for e in reversed(ledger or []):
+        if release and e.get("release") == release:
+            return e
+    return None
+
+
+def health(ledger, release, running, started_at=None, n_restarts=0, now=None, state="?"):
+    """Is the trainer running its proved release healthily? -> dict(ok, words, died, proved_at,
+    seconds_since_proof).
+
+    ``release``: the release running (or, when nothing runs, the one that ran last); ``started_at``:
+    this activation's start (wall clock, s); ``state``: the unit's ActiveState/SubState in words.
+    Healthy: it runs, the release's newest ledger entry is ``proved``, nothing died since, and this
+    activation is the one that was proved (it started before the proof: a start after it is systemd's
+    Restart= bringing back a trainer that exited)."""
+    now = time.time() if now is None else now
+    e = latest_entry(ledger, release)
+    restarts = " (unit restarts: %s)" % n_restarts
+    out = {"ok": False, "died": None, "proved_at": None, "seconds_since_proof": None, "release": release}
+    if e is not None and e.get("verdict") == PROVED:
+        out["proved_at"] = e.get("at")
+        if isinstance(e.get("time"), (int, float)):
+            out["seconds_since_proof"] = round(now - e["time"], 1)
+    died = e.get("died") if e is not None and e.get("verdict") == PROVED and isinstance(e.get("died"), dict) else None
+    if died:
+        out["died"] = dict(died, words=died_words(e))
+        out["words"] = "died %s after its proof: %s%s; %s" % (
+            fmt_age(died.get("after_s")), died.get("reason") or died.get("exit") or "no reason in the log", restarts,
+            "running again, not proved since" if running else "not running (%s)" % state)
+        return out
+    if not running:
+        out["words"] = "not running (%s)%s%s" % (state, restarts, ", last release %s" % release if release else "")
+        return out
+    if e is None:
+        out["words"] = "running release %s has no proof on record%s" % (release or "?", restarts)
+        return out
+    if e.get("verdict") != PROVED:
+        out["words"] = "running release %s, whose last verdict is %s%s%s" % (
+            release, e.get("verdict"), ": %s" % e["reason"] if e.get("reason") else "", restarts)
+        return out
+    if started_at is not None and isinstance(e.get("time"), (int, float)) and started_at > e["time"] + START_SLACK_S:
+        out["words"] = "restarted %s after its proof, not proved since%s" % (fmt_age(started_at - e["time"]), restarts)
+        return out
+    out.update(ok=True, words="running release %s, proved %s ago%s" % (
+        release, fmt_age(out["seconds_since_proof"]), restarts))
+    return out
+
+
 def history_rows(ledger, running=None, current=None, limit=10):
     """The last ``limit`` entries, newest first, as rows for a table (release, at, verdict, median,
     p10, p90, n, source, marks: running / current)."""
@@ -229,7 +311,8 @@ def history_rows(ledger, running=None, current=None, limit=10):
         rows.append({"release": e.get("release"), "at": e.get("at"), "verdict": e.get("verdict"),
                      "reason": e.get("reason"), "median": tok.get("median"), "p10": tok.get("p10"),
                      "p90": tok.get("p90"), "n": tok.get("n"), "source": e.get("source"),
-                     "marks": marks, "extra": {k: v for k, v in (e.get("figures") or {}).items() if k != "tok_s"}})
+                     "marks": marks, "extra": {k: v for k, v in (e.get("figures") or {}).items() if k != "tok_s"},
+                     "died": died_words(e)})
         rows[-1]["line"] = history_line(rows[-1])
     return rows
 
@@ -241,6 +324,8 @@ def history_line(row):
     verdict = row.get("verdict") or "?"
     marks = " <- %s" % ", ".join(row.get("marks") or []) if row.get("marks") else ""
     reason = "  [%s]" % row["reason"] if row.get("reason") and verdict != PROVED else ""
+    if row.get("died"):
+        reason += "  [%s]" % row["died"]
     extra = "".join("  %s=%s" % (k, (v or {}).get("median")) for k, v in sorted((row.get("extra") or {}).items()))
     return "%-16s  %-20s  %-12s  %-25s  %s%s%s%s" % (
         row.get("release") or "?", row.get("at") or "?", verdict, tok, row.get("source") or "-", extra, marks, reason)

@@ -78,6 +78,9 @@ _NUMBERS = (
     ("trainer_lock_lease_s", 10, 3600, "s"),
     ("trainer_min_tokps_ratio", 0, 10, ""),
     ("trainer_lock_wait_s", 0, SECONDS_MAX, "s"),
+    ("trainer_watch_s", 0, SECONDS_MAX, "s"),
+    ("trainer_metrics_interval_s", 1, 3600, "s"),
+    ("trainer_metrics_window_s", 1, SECONDS_MAX, "s"),
 )
 
 _INTEGERS = frozenset(("trainer_release_keep", "trainer_start_limit_burst", "trainer_drain_max_mib",
@@ -594,7 +597,7 @@ def _placement_problems(v):
     """Where a file of ours may live, judged on the text here (and on the resolved path on the target)."""
     kinds = (("trainer_launcher_path", "launcher"), ("trainer_env_file", "env"), ("trainer_log_path", "log"),
              ("trainer_lock_path", "lock"), ("trainer_job_state_path", "state"),
-             ("trainer_inductor_cache_dir", "cache"))
+             ("trainer_inductor_cache_dir", "cache"), ("trainer_metrics_path", "metrics"))
     problems = []
     for name, kind in kinds:
         value = v.get(name)
@@ -619,7 +622,35 @@ _DEFAULT_PLACES = {"trainer_launcher_path": "/usr/local/lib/dflash-trainer/launc
                    "trainer_log_path": "/workspace/trainer.log",
                    "trainer_lock_path": "/run/dflash-trainer.deploy.lock",
                    "trainer_job_state_path": "/run/dflash-trainer/restart.json",
-                   "trainer_inductor_cache_dir": "/tmp/torchinductor_root"}
+                   "trainer_inductor_cache_dir": "/tmp/torchinductor_root",
+                   "trainer_metrics_path": "/var/lib/node_exporter/textfile_collector/dflash_trainer.prom"}
+
+METRICS_ACCEPTED = ("empty (no metrics), or an absolute path ending in .prom in node_exporter's textfile collector "
+                    "directory, e.g. /var/lib/node_exporter/textfile_collector/dflash_trainer.prom")
+
+
+def _metrics_problems(v):
+    """trainer_metrics_path: off when empty; else a .prom file of its own (the launcher replaces it
+    every few seconds: it must not be any other file of ours, nor lie in the release root)."""
+    name = "trainer_metrics_path"
+    value = v.get(name)
+    if value in (None, ""):
+        return []
+    p = path_problem(name, value)
+    if p is not None:
+        return [Problem(name, p.why, METRICS_ACCEPTED, value)]
+    if not value.endswith(".prom") or value == ".prom" or posixpath.basename(value).startswith("."):
+        return [Problem(name, "does not end in .prom (node_exporter's textfile collector reads only *.prom files, "
+                        "and skips hidden ones)", METRICS_ACCEPTED, value)]
+    root = v.get("trainer_root")
+    if isinstance(root, str) and root and within(value, root):
+        return [Problem(name, "lies inside trainer_root %s (releases there are immutable and pruned)" % root,
+                        METRICS_ACCEPTED, value)]
+    for other in ("trainer_log_path", "trainer_env_file", "trainer_launcher_path", "trainer_lock_path",
+                  "trainer_job_state_path"):
+        if v.get(other) == value:
+            return [Problem(name, "is the same file as %s" % other, METRICS_ACCEPTED, value)]
+    return []
 
 
 def check(v, entry="main"):
@@ -650,6 +681,7 @@ def check(v, entry="main"):
     if "trainer_gpus" in v:
         problems.extend(_gpus_problems(v))
     problems.extend(_measure_problems(v))
+    problems.extend(_metrics_problems(v))
     problems.extend(host_view_problems(v))
     if entry == "rollback" and v.get("trainer_rollback_release"):
         rid = v["trainer_rollback_release"]

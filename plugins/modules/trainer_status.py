@@ -80,6 +80,13 @@ options:
     description: Return the last this-many entries of the release ledger (C(<trainer_root>/ledger.json)) in RV(history).
     type: int
     default: 0
+  watch_s:
+    description:
+      - Before reading, watch the running trainer up to this many seconds (the unit read every second) and return
+        as soon as this start ends - it exited, or systemd started another (C(trainer_watch_s) after a deploy's
+        proof). RV(health) then says whether it died after its proof. V(0) - read at once.
+    type: float
+    default: 0
   log_lines:
     description:
       - Return the last this-many lines of a start's log in RV(log) (V(0) - none). Read from where the
@@ -169,6 +176,29 @@ history:
   returned: when O(history) > 0 and O(trainer_root) is given
   type: list
   elements: dict
+health:
+  description:
+    - Whether the trainer runs its proved release healthily (V(ok)), in V(words) - e.g. C(running release ...,
+      proved 5 min ago (unit restarts 0)) or C(died 3 min after its proof - torch.OutOfMemoryError ... (unit
+      restarts 1); running again, not proved since) - with V(died) (the ledger's record of a death after the
+      proof - after_s, reason, exit, count - or null), V(release), V(proved_at) and V(seconds_since_proof).
+    - Healthy - it runs, the release's newest ledger entry is C(proved), it did not die since, and this start
+      of the unit is the one that was proved.
+  returned: when O(trainer_root) is given
+  type: dict
+  sample:
+    ok: false
+    words: "died 23 s after its proof: torch.OutOfMemoryError: CUDA out of memory (unit restarts: 1); running again,
+      not proved since"
+    died: {"after_s": 23.0, "reason": "torch.OutOfMemoryError: CUDA out of memory", "exit": "exit status 1", "count": 1}
+    release: 1bbe159d6a73a747
+    proved_at: "2026-11-30T17:36:02Z"
+    seconds_since_proof: 31.0
+watched_s:
+  description: How long O(watch_s) watched (seconds).
+  returned: when O(watch_s) > 0 and the trainer was running
+  type: float
+  sample: 30.0
 last_job:
   description: The last restart job (job_id, phase, done, alive, ok, words) when O(job_state_path) is given and it exists.
   returned: when O(job_state_path) is given
@@ -319,7 +349,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mas
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import health, history_rows, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
@@ -413,6 +443,7 @@ def main():
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             job_state_path=dict(type="path"),
             history=dict(type="int", default=0),
+            watch_s=dict(type="float", default=0),
             log_lines=dict(type="int", default=0),
             log_invocation=dict(type="str"),
             log_offset=dict(type="int"),
@@ -455,6 +486,9 @@ def main():
     if rc != 0:
         module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
     props = parse_show(out)
+    watched = None
+    if p["watch_s"] > 0 and is_running(props):
+        props, watched = watch(lambda: run.or_fail(show_argv(p["unit"], systemctl=systemctl)), props, p["watch_s"])
     running = is_running(props)
     main_pid = int_prop(props, "MainPID", 0)
     invocation = props.get("InvocationID", "")
@@ -521,10 +555,18 @@ def main():
         result["drift"] = bool(result["running_release"] and result["current_release"]
                                and result["running_release"] != result["current_release"])
 
-    if p["history"] > 0 and p["trainer_root"]:
+    if watched is not None:
+        result["watched_s"] = watched
+    if p["trainer_root"]:
         ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
-        result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
-                                         p["history"])
+        started = time.time() - seconds if running and seconds is not None else None
+        result["health"] = health(ledger, result.get("running_release") or result.get("log_release")
+                                  or result.get("current_release"), running, started_at=started,
+                                  n_restarts=result["n_restarts"],
+                                  state="%s/%s" % (result["active_state"], result["sub_state"]))
+        if p["history"] > 0:
+            result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
+                                             p["history"])
 
     if p["job_state_path"]:
         job = read_state(p["job_state_path"])
@@ -543,6 +585,22 @@ def main():
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
     module.exit_json(**mask(result, read_secrets(p["env_file"])))
+
+
+def watch(read, props, watch_s, clock=time.monotonic, sleep=time.sleep, interval_s=1.0):
+    """Read the unit (``read()`` -> (rc, out, err) of systemctl show) every ``interval_s`` until
+    ``watch_s`` passed or this start ended (not running, or another InvocationID) -> (props, seconds)."""
+    start = clock()
+    invocation = props.get("InvocationID", "")
+    while clock() - start < watch_s:
+        sleep(min(interval_s, max(0.0, watch_s - (clock() - start))))
+        rc, out, _err = read()
+        if rc != 0:
+            break
+        props = parse_show(out)
+        if not is_running(props) or props.get("InvocationID", "") != invocation:
+            break
+    return props, round(clock() - start, 1)
 
 
 def ownership_problems(owned):
