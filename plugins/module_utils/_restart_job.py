@@ -6,7 +6,7 @@
 Once the trainer is stopped, nothing may depend on the controller staying connected: a lost
 ssh link or a killed ansible-playbook makes Ansible skip ``rescue`` and ``always``, which used to
 strand a stopped trainer and a held lock. So the role starts this job (``trainer_restart``
-under Ansible's ``async``, which daemonises it in the container) and only watches it. The job
+state=start, detached in the container: a new session, no standard streams) and only watches it. The job
 
   stop -> drain -> purge -> start -> prove -> mark good
   on failure: current back to the last good release -> stop -> drain -> purge -> start -> prove

@@ -10,17 +10,20 @@ module: trainer_restart
 short_description: Restart, prove and roll back the trainer as one job on the target
 description:
   - O(state=start) starts the job detached from the connection (a new session, double fork, no
-    standard streams - as Ansible's async wrapper does, without its file transfers) and returns
+    standard streams, without the file transfers of Ansible's async wrapper) and returns
     at once, once the job has recorded itself in O(state_path); the role uses this.
   - O(state=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
     readiness proof, mark the release good - and on failure the rollback (C(current) back to the
     last good release, the same cycle again) or, with no good release to go back to, stops the
-    failed trainer. Run it with C(async) and C(poll=0); Ansible's async wrapper daemonises it in
-    the container, so a lost connection or a killed C(ansible-playbook) never strands a stopped
-    trainer.
-  - While it runs it renews the deploy lock (O(lock_path), O(lock_token), a lease of
-    O(lock_lease_s)) and records its phase in O(state_path); at the end it records its outcome
-    there and releases the lock.
+    failed trainer. Any error in any step ends in a restore or a rollback with a recorded reason.
+    Started with O(state=start), it runs detached in the container, so a lost connection or a killed
+    C(ansible-playbook) never strands a stopped trainer.
+  - It takes the deploy lock's lease over from the play (O(lock_path), O(lock_token), a lease of
+    O(lock_lease_s)), renews it from a thread while it runs, and checks it is still its own before it
+    stops, switches or starts anything - once it is not, it stops acting and says who holds it. A
+    second job refuses to start while one runs. It records its phase in O(state_path) (on disk: a
+    reboot in the middle is found by the next run); at the end it records its outcome there and
+    releases the lock.
   - O(state=wait) waits up to O(wait_s) for the job O(job_id) and returns its phase, or its
     outcome when it has finished (failing when the restart failed). A job that died without an
     outcome is reported as such, with the unit's state.
@@ -30,7 +33,7 @@ version_added: 0.2.0
 options:
   state:
     description: V(start) starts the job detached and returns; V(run) runs it in the foreground
-      (under C(async), or for tests); V(wait) watches it.
+      (for tests); V(wait) watches it.
     type: str
     choices: [start, run, wait]
     default: run
@@ -202,15 +205,14 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Restart on the target (survives the controller)
+- name: Restart on the target (a detached job: survives the controller)
   dflash.trainer.trainer_restart:
+    state: start
     job_id: "{{ token }}"
     unit: dflash-trainer
     root: /opt/dflash-trainer
     log_path: /workspace/trainer.log
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]
-  async: 900
-  poll: 0
 
 - name: Watch it
   dflash.trainer.trainer_restart:
