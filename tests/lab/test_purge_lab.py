@@ -1,6 +1,6 @@
 """The purge deletes only a torchinductor cache (issue 13 item 3), on a real container: a cache
 that is a mount point is emptied and stays mounted; a cache directory holding a checkpoint is
-refused before the stop, naming it, and the trainer keeps running. Lab container 227."""
+refused before the stop, naming it, and the trainer keeps running. Lab container 236."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CT = "227"
+CT = "236"
 CACHE = "/tmp/torchinductor_root"
 
 

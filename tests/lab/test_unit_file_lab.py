@@ -1,6 +1,6 @@
 """Everything that reaches the unit file is typed (issue 13 item 4): after a deploy with values
 of each kind set, the unit file read back from the container holds exactly the directives
-expected, one per line - no value can add a line. Lab container 227."""
+expected, one per line - no value can add a line. Lab container 236."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CT = "227"
+CT = "236"
 
 
 @pytest.fixture(scope="module")
