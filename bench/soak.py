@@ -42,7 +42,7 @@ PCT = "/usr/sbin/pct"
 LAB_STATE = os.environ.get("DFLASH_LAB_STATE", "/var/lib/dflash-lab")
 UNIT = "dflash-trainer"
 TRAINER_ROOT = "/opt/dflash-trainer"
-STATE_PATH = "/run/dflash-trainer/restart.json"
+STATE_PATH = "/var/lib/dflash-trainer/restart.json"
 LOCK_PATH = "/run/dflash-trainer.deploy.lock"
 KEEP = 5  # trainer_release_keep (the role's default, passed explicitly)
 

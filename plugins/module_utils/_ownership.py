@@ -45,6 +45,9 @@ _ENV_LINE_RE = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*="(?:[^"\\]|\\.)*"$')
 _ENV_LEGACY_KEYS = ("PYTHONUNBUFFERED=", "TORCHINDUCTOR_CACHE_DIR=")
 _LOG_MARK_RE = re.compile(r"^==> dflash\.trainer start invocation=\S* release=\S* pid=\S* time=\S*( continued=\S+)? <==")
 HEAD_BYTES = 4096
+# JSON records are read whole (the job state keeps log tails): up to this much
+JSON_BYTES = 4 * 1024 * 1024
+_JSON_KINDS = ("state", "log_start")
 
 # -- kinds ------------------------------------------------------------------------------------------
 FILE_KINDS = ("launcher", "env", "unit", "log", "log_rotation", "log_start", "lock", "lock_guard", "state", "metrics")
@@ -160,7 +163,15 @@ def observe(path, kind, max_names=200):
             try:
                 fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                 try:
-                    facts["head"] = os.read(fd, HEAD_BYTES).decode("utf-8", "replace")
+                    want = JSON_BYTES if kind in _JSON_KINDS else HEAD_BYTES
+                    chunks = []
+                    while want > 0:
+                        chunk = os.read(fd, min(want, 1024 * 1024))
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                        want -= len(chunk)
+                    facts["head"] = b"".join(chunks).decode("utf-8", "replace")
                 finally:
                     os.close(fd)
             except OSError as exc:

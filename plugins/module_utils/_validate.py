@@ -621,7 +621,7 @@ _DEFAULT_PLACES = {"trainer_launcher_path": "/usr/local/lib/dflash-trainer/launc
                    "trainer_env_file": "/etc/dflash-trainer/trainer.env",
                    "trainer_log_path": "/workspace/trainer.log",
                    "trainer_lock_path": "/run/dflash-trainer.deploy.lock",
-                   "trainer_job_state_path": "/run/dflash-trainer/restart.json",
+                   "trainer_job_state_path": "/var/lib/dflash-trainer/restart.json",
                    "trainer_inductor_cache_dir": "/tmp/torchinductor_root",
                    "trainer_metrics_path": "/var/lib/node_exporter/textfile_collector/dflash_trainer.prom"}
 

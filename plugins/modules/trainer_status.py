@@ -53,6 +53,12 @@ options:
         description: Seconds to wait for a live holder.
         type: float
         default: 0
+      job_wait_s:
+        description:
+          - When the holder is a restart job that still runs (an earlier play was interrupted), wait up to this
+            long for its outcome, then take the lock - the run attaches to the job instead of being refused.
+        type: float
+        default: 1800
   owned:
     description:
       - Every file a run writes and the directory it purges - C(variable), C(kind) (launcher, env, unit, log,
@@ -458,6 +464,7 @@ def main():
                 stale_s=dict(type="int", default=3600),
                 lease_s=dict(type="int"),
                 wait_s=dict(type="float", default=0),
+                job_wait_s=dict(type="float", default=1800),
             )),
         ),
         required_together=[("log_offset", "log_inode")],
@@ -470,14 +477,24 @@ def main():
     if refused:
         module.fail_json(msg=refusal_message(refused), problems=refused, lock_refused=True)
     taken = None
+    attached = None
     if p["lock"] and not module.check_mode:
         lk = p["lock"]
         out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
                               wait_s=lk["wait_s"])
+        if not out.ok and out.action == REFUSE and p["job_state_path"]:
+            # the holder is the restart job of an earlier (interrupted) play: wait for its outcome, then go on
+            job = running_job(out.record, p["job_state_path"])
+            if job is not None:
+                attached = wait_for_job(p["job_state_path"], job, lk["job_wait_s"])
+                out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                                      wait_s=max(lk["wait_s"], 5))
         if not out.ok:
             module.fail_json(msg=out.msg, action=out.action, lock_refused=True,
                              **(dict(owner=out.owner()) if out.action == REFUSE else {}))
         taken = dict(action=out.action, msg=out.msg)
+        if attached:
+            taken["attached"] = attached
         if out.action == STALE:
             taken["previous_owner"] = out.owner()
     systemctl = module.get_bin_path("systemctl", required=True)
@@ -585,6 +602,28 @@ def main():
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
     module.exit_json(**mask(result, read_secrets(p["env_file"])))
+
+
+def running_job(record, state_path):
+    """The job state of the restart job that holds the lock, while it runs; else None."""
+    if not record or not record.get("job"):
+        return None
+    state = read_state(state_path)
+    if state is None or state.get("job_id") != record.get("job") or not job_alive(state):
+        return None
+    return state
+
+
+def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
+    """Wait (bounded) until the restart job ``job`` has ended -> words for what it did."""
+    deadline = clock() + max(wait_s, 0)
+    state = job
+    while clock() < deadline:
+        state = read_state(state_path) or {}
+        if state.get("job_id") != job.get("job_id") or state.get("done") or not job_alive(state):
+            break
+        sleep(0.5)
+    return "waited for %s" % outcome_words(state)
 
 
 def watch(read, props, watch_s, clock=time.monotonic, sleep=time.sleep, interval_s=1.0):

@@ -20,7 +20,7 @@ from labkit import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "219"
-STATE = "/run/dflash-trainer/restart.json"
+STATE = "/var/lib/dflash-trainer/restart.json"
 LOCK = "/run/dflash-trainer.deploy.lock"
 DELAY_DIR = os.environ.get("DFLASH_LAB_CONF", "/etc/dflash-lab")
 FAST = {"trainer_ready_hold_s": 4, "trainer_ready_stall_s": 4, "trainer_ready_timeout_s": 40,

@@ -89,7 +89,7 @@ def test_a_printed_secret_is_masked_in_output_state_and_ledger(lab, inv, tmp_pat
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "RuntimeError: token *** refused" in out, out[-3000:]
     assert SECRET not in out
-    for path in ("/run/dflash-trainer/restart.json", "/opt/dflash-trainer/ledger.json"):
+    for path in ("/var/lib/dflash-trainer/restart.json", "/opt/dflash-trainer/ledger.json"):
         mode = lab.ct(CT, "stat", "-c", "%a", path).stdout.strip()
         assert mode == "600", (path, mode)
         text = lab.ct(CT, "cat", path).stdout

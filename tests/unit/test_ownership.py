@@ -256,3 +256,9 @@ def test_a_cache_under_a_parent_linked_to_the_release_root_is_refused(tmp_path):
     assert "inside the release root" in got["trainer_inductor_cache_dir"]
     assert "the purge would delete releases" in got["trainer_inductor_cache_dir"]
     assert "inside the release root" in got["trainer_log_path"]
+
+
+def test_a_job_state_longer_than_the_head_is_still_ours(tmp_path):
+    """The job state keeps log tails: far more than the 4 KiB a mark is looked for in."""
+    state = {"job_id": "x", "done": True, "result": {"log_tail": ["line %d " % i + "x" * 200 for i in range(100)]}}
+    assert judge_at(tmp_path, "restart.json", json.dumps(state, sort_keys=True), "state") is None
