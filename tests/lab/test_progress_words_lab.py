@@ -1,6 +1,6 @@
 """Figures and progress as people write them (issue 15, items 1-2) on lab container 270, with the
 role's default regexes: the stand-in trainer writing `41.3K tok/s` (LOG_STYLE=k_suffix) and
-`iter N | 21.5K tok/s` (LOG_STYLE=iter) is proved and measured in tok/s; one stuck at iter 5 fails
+`iter N | 21.5K tok/s` (LOG_STYLE=iter) or a tqdm bar redrawn with carriage returns (LOG_STYLE=tqdm) is proved and measured in tok/s; one stuck at iter 5 fails
 within the stall window; with a step regex that does not fit (the old default) the deploy fails
 within the stall window naming trainer_step_regex, not at the deadline."""
 import json
@@ -52,7 +52,7 @@ def ledger(lab):
     return json.loads(res.stdout)["entries"] if res.returncode == 0 else []
 
 
-@pytest.mark.parametrize("style", ["k_suffix", "iter"])
+@pytest.mark.parametrize("style", ["k_suffix", "iter", "tqdm"])
 def test_suffixed_figures_and_iter_counters_are_proved_and_measured_in_tok_s(lab, inv, style):
     inv_path, base = inv
     res, _s = deploy(inv_path, tree(base, style, LOG_STYLE=style, TOKPS=21500))

@@ -369,3 +369,32 @@ def test_rotation_on_a_full_disk_and_a_user_freeing_space_by_truncating(root, ru
     assert r.proc.poll() is None
     assert r.stop() == 0
     assert log.stat().st_size <= 0.25 * 1024 * 1024
+
+
+def test_progress_bar_redraws_reach_the_log_as_they_come(root):
+    """tqdm redraws its bar with \\r and no newline: each update is in the log while the command
+    still runs (the proof reads progress from it), not when the bar's line ends."""
+    rel = root / "releases" / "abc123"
+    (rel / "bar.py").write_text(
+        "import sys, time\n"
+        "for i in range(1, 4):\n"
+        "    sys.stdout.write('\\r%d/100 [00:0%d<00:10, 9.5it/s]' % (i, i))\n"
+        "    sys.stdout.flush()\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, LAUNCHER, "--root", str(root), "--log", str(root / "logs" / "t.log"), "--",
+                             sys.executable, "bar.py"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, INVOCATION_ID="inv1"))
+    try:
+        deadline = time.monotonic() + 10
+        text = ""
+        while "3/100 [" not in text and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = (root / "logs" / "t.log").read_text() if (root / "logs" / "t.log").exists() else ""
+        assert proc.poll() is None  # still running: the bar's line has not ended
+        updates = [part for line in text.split("\n") for part in line.split("\r") if part]
+        assert updates[1:] == ["1/100 [00:01<00:10, 9.5it/s]", "2/100 [00:02<00:10, 9.5it/s]",
+                               "3/100 [00:03<00:10, 9.5it/s]"], text
+    finally:
+        proc.kill()
+        proc.wait()
