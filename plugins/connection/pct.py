@@ -16,6 +16,8 @@ description:
     one round trip on a warm master.
   - File transfers stream in constant memory (C(cat) through C(pct exec)); every upload and
     download is verified by its byte count, because the exit status of C(pct) is not trusted.
+    C(put_stream) sends data produced while it goes (a release archive) the same way, without
+    a local file.
   - Every remote call is bounded by O(pct_command_timeout); a call that outlives it is killed and
     fails with a clear message.
   - Known failures of the transport become C(AnsibleConnectionFailure) (the host is reported
@@ -358,6 +360,8 @@ _MARK = 'printf "%s\\n" ' + STARTED_MARK + ' >&2; '
 _STARTED = re.compile(rb'(?:^|(?<=\n))' + re.escape(STARTED_MARK.encode()) + rb'\r?\n')
 # In the container, `$1` is the path: never interpolated into the script.
 PUT_SCRIPT = _MARK + 'cat > "$1" && wc -c < "$1"'
+# put_stream: the same, or into a fifo, whose reader checks what it got (wc would wait for a writer)
+PUT_STREAM_SCRIPT = _MARK + 'if [ -p "$1" ]; then cat > "$1" && echo fifo; else cat > "$1" && wc -c < "$1"; fi'
 FETCH_SCRIPT = _MARK + 'n=$(wc -c < "$1") || exit 1; printf "dflash-pct-size %s\\n" "$n" >&2; exec cat < "$1"'
 # In the container: run CMD ("$1") after the mark.
 RUN_SCRIPT = _MARK + 'exec /bin/sh -c "$1"'
@@ -712,6 +716,26 @@ class Connection(ConnectionBase):
         if rc != 0 or got != size:
             raise AnsibleError("failed to transfer %s to %s in container %s on %s (rc=%s, %s of %d bytes): %s" % (
                 in_path, out_path, self._vmid, self._host, rc, got, size, to_text(err).strip()))
+
+    def put_stream(self, src, out_path: str) -> int | None:
+        """Stream the binary file object src, read to its end (a pipe: data produced while it
+        goes, e.g. a release archive), into out_path in the container, as put_file does with a
+        file. Returns the byte count the container wrote (`wc -c`), which the caller compares
+        with what it sent: no size is known before the end, so the caller checks it. When
+        out_path is a fifo in the container (its reader runs meanwhile, e.g. a module that unpacks
+        the stream), returns None: the reader checks what it got."""
+        self._connect()
+        display.vvv("PCT PUT (stream) TO %s" % out_path, host=self._host)
+        argv = self._build_ssh_argv(self._pct_argv(['/bin/sh', '-c', PUT_STREAM_SCRIPT, 'sh', to_text(out_path)]))
+        rc, out, err = self._run(argv, "put %s" % out_path, stdin=src)
+        lines = to_text(out, errors='surrogate_or_replace').split()
+        got = int(lines[-1]) if lines and lines[-1].isdigit() else None
+        if rc == 0 and lines == ['fifo']:
+            return None
+        if rc != 0 or got is None:
+            raise AnsibleError("failed to stream to %s in container %s on %s (rc=%s): %s" % (
+                out_path, self._vmid, self._host, rc, to_text(err).strip()))
+        return got
 
     def fetch_file(self, in_path: str, out_path: str) -> None:
         super().fetch_file(in_path, out_path)

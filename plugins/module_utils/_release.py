@@ -24,6 +24,7 @@ copy (the ``rsync --link-dest`` pattern; see _materialise for why that is sound 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import gzip
@@ -42,8 +43,11 @@ DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", "checkpoints")
 MARKER_NAME = ".dflash-release"
 ARCHIVE_MTIME = 0
 _CHUNK = 1024 * 1024
-# gzip level of release archives: the tree goes over a local link; level 1 costs a fraction of
-# level 6's CPU for a slightly bigger archive (measured on the bench tree, see build_archive)
+_TAR_BLOCK = 512
+_TAR_RECORD = 20 * 512
+GZIP_MAGIC = b"\x1f\x8b"
+# gzip level of small release archives (those that may travel inline); level 1 costs a fraction
+# of level 6's CPU for a slightly bigger archive. Big ones travel as a plain tar (write_archive).
 DEFAULT_COMPRESSLEVEL = 1
 MANIFEST_MEMBER = ".dflash-manifest.json"
 MANIFEST_VERSION = 1
@@ -96,12 +100,14 @@ class Entry(object):
 
 
 class TreeScan(object):
-    """Result of scan_tree: sorted entries, full digest, release id, file count and bytes."""
+    """Result of scan_tree: sorted entries, full digest, release id, file count and bytes; stats:
+    relpath -> file_stat_key of each regular file as scanned (empty for a TreeScan built by hand)."""
 
-    __slots__ = ("root", "entries", "digest", "release_id", "file_count", "bytes")
+    __slots__ = ("root", "entries", "digest", "release_id", "file_count", "bytes", "stats")
 
-    def __init__(self, root, entries, digest):
+    def __init__(self, root, entries, digest, stats=None):
         self.root = root
+        self.stats = stats or {}
         self.entries = entries
         self.digest = digest
         self.release_id = digest[:RELEASE_ID_LEN]
@@ -155,6 +161,12 @@ def hash_entries(entries):
     return h.hexdigest()
 
 
+def file_stat_key(st):
+    """What says a file is still the one that was hashed: (size, mtime_ns, ctime_ns, inode, device).
+    A rewrite changes mtime and ctime (ctime cannot be set back), a replacement the inode."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
 def file_sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -166,9 +178,11 @@ def file_sha256(path):
     return h.hexdigest()
 
 
-def scan_tree(src, excludes=DEFAULT_EXCLUDES):
+def scan_tree(src, excludes=DEFAULT_EXCLUDES, hasher=None):
     """Walk src (not following symlinks), apply excludes, hash every file: a TreeScan.
 
+    hasher(path, lstat_result) -> sha256 hex replaces file_sha256 (the controller's hash cache,
+    _release_cache.HashCache.hasher); it must return the sha256 of the file's content.
     Raises ReleaseError for what cannot be part of a self-contained release: a symlink that is
     absolute or points outside src, a device node / fifo / socket.
     """
@@ -177,6 +191,7 @@ def scan_tree(src, excludes=DEFAULT_EXCLUDES):
         raise ReleaseError("release source %s is not a directory" % src)
     excludes = tuple(excludes or ())
     entries = []
+    stats = {}
     stack = [""]
     while stack:
         reldir = stack.pop()
@@ -202,14 +217,15 @@ def scan_tree(src, excludes=DEFAULT_EXCLUDES):
                 entries.append(Entry(rel, KIND_DIR, stat.S_IMODE(st.st_mode)))
                 stack.append(rel)
             elif stat.S_ISREG(st.st_mode):
-                entries.append(Entry(rel, KIND_FILE, stat.S_IMODE(st.st_mode), st.st_size,
-                                     file_sha256(child.path)))
+                digest = hasher(child.path, st) if hasher is not None else file_sha256(child.path)
+                stats[rel] = file_stat_key(st)
+                entries.append(Entry(rel, KIND_FILE, stat.S_IMODE(st.st_mode), st.st_size, digest))
             else:
                 raise ReleaseError(
                     "%s is not a regular file, directory or symlink (device, fifo or socket); "
                     "exclude it from the release" % rel)
     entries.sort(key=lambda x: _sort_key(x.relpath))
-    return TreeScan(src, entries, hash_entries(entries))
+    return TreeScan(src, entries, hash_entries(entries), stats)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,6 +241,19 @@ class _HashingReader(object):
     def read(self, size=-1):
         data = self._f.read(size)
         self.sha.update(data)
+        return data
+
+
+class _CountingReader(object):
+    """File wrapper that counts what tarfile reads (tarfile pads a short file with NULs)."""
+
+    def __init__(self, f):
+        self._f = f
+        self.count = 0
+
+    def read(self, size=-1):
+        data = self._f.read(size)
+        self.count += len(data)
         return data
 
 
@@ -312,12 +341,55 @@ def delta_counts(scan, have):
     return sent, scan.file_count - sent
 
 
-def build_archive(scan, dest_path, compresslevel=DEFAULT_COMPRESSLEVEL, have=None):
-    """Write a deterministic tar.gz of scan's entries to dest_path, streaming (constant memory).
+def archive_estimate(scan, have=None):
+    """Upper bound of the bytes of the plain tar build_archive/write_archive would write (payload
+    of the files sent, headers and padding), to choose between compressing and streaming."""
+    have = frozenset(have or ())
+    total = 1024 + 3 * _TAR_BLOCK * len(scan.entries)  # end blocks; header (+ pax header) per entry
+    for e in scan.entries:
+        if e.kind == KIND_FILE and e.payload not in have:
+            total += e.size + _TAR_BLOCK
+    if have:
+        total += 2 * _TAR_BLOCK + 200 * len(scan.entries)  # the manifest member
+    return total + _TAR_RECORD
+
+
+class _CountingWriter(object):
+    """Binary writer that counts what goes through it (tarfile asks for tell())."""
+
+    def __init__(self, out):
+        self._out = out
+        self.count = 0
+
+    def write(self, data):
+        self._out.write(data)
+        self.count += len(data)
+        return len(data)
+
+    def tell(self):
+        return self.count
+
+    def flush(self):
+        self._out.flush()
+
+
+def write_archive(scan, out, have=None, compresslevel=None, check="hash"):
+    """Write the deterministic archive of scan's entries to the binary file object out, streaming
+    (constant memory; out may be a pipe). Returns (content digest of what was written, bytes
+    written to out).
+
+    compresslevel None: a plain tar - what a release that is mostly data which does not compress
+    (weights, checkpoints) should travel as: gzip level 1 runs at ~50 MB/s on such data, a tar
+    at disk speed. An int: gzip at that level (small archives, which may travel inline).
 
     Same tree -> same bytes: sorted members, relative names, mtime fixed, uid/gid 0, no owner
-    names, gzip header without name or time. Returns the content digest of what was written;
-    it differs from scan.digest if the tree changed between scan and archive.
+    names, gzip header without name or time. The digest differs from scan.digest if the tree
+    changed between scan and archive. check="hash": every file sent is hashed as it is read.
+    check="stat": a file counts as changed when its stat (file_stat_key, before and after it is
+    read) is not the one scan_tree saw, or it gave another number of bytes - what a receiver that
+    hashes everything itself (the trainer_release module) needs from the sender: a clear early
+    word, without a second sha256 pass over a 1 GiB checkpoint on the controller. A same-size
+    rewrite within the clock tick of the scan is only caught by the receiver.
 
     With have (a collection of sha256 hex strings the target's base release holds), the archive
     is a delta: the first member is MANIFEST_MEMBER (manifest of the whole tree), then every
@@ -326,29 +398,78 @@ def build_archive(scan, dest_path, compresslevel=DEFAULT_COMPRESSLEVEL, have=Non
     """
     written = []
     have = frozenset(have) if have is not None else None
-    with open(dest_path, "wb") as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
-                           compresslevel=compresslevel) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                if have is not None:
-                    data = manifest_bytes(scan.entries)
-                    tar.addfile(_tarinfo(MANIFEST_MEMBER, KIND_FILE, 0o644, len(data)), io.BytesIO(data))
-                for e in scan.entries:
-                    path = os.path.join(scan.root, e.relpath)
-                    if e.kind == KIND_FILE and have is not None and e.payload in have:
-                        written.append(e)  # the target copies it from its base release
-                    elif e.kind == KIND_FILE:
-                        with open(path, "rb") as f:
-                            reader = _HashingReader(f)
+    counter = _CountingWriter(out)
+    gz = None
+    if compresslevel is not None:
+        gz = gzip.GzipFile(filename="", mode="wb", fileobj=counter, mtime=0, compresslevel=compresslevel)
+    try:
+        with tarfile.open(fileobj=gz if gz is not None else counter, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.copybufsize = _CHUNK  # not tarfile's 16 KiB: a 1 GiB file is 1,024 reads, not 65,536
+            if have is not None:
+                data = manifest_bytes(scan.entries)
+                tar.addfile(_tarinfo(MANIFEST_MEMBER, KIND_FILE, 0o644, len(data)), io.BytesIO(data))
+            for e in scan.entries:
+                path = os.path.join(scan.root, e.relpath)
+                if e.kind == KIND_FILE and have is not None and e.payload in have:
+                    written.append(e)  # the target copies it from its base release
+                elif e.kind == KIND_FILE and check == "stat":
+                    with open(path, "rb") as f:
+                        before = file_stat_key(os.fstat(f.fileno()))
+                        reader = _CountingReader(f)
+                        try:
                             tar.addfile(_tarinfo(e.relpath, e.kind, e.mode, e.size), reader)
-                        written.append(Entry(e.relpath, e.kind, e.mode, e.size,
-                                             reader.sha.hexdigest()))
-                    else:
-                        tar.addfile(_tarinfo(e.relpath, e.kind, e.mode, 0, e.payload))
-                        written.append(e)
+                        except OSError as err:
+                            if reader.count >= e.size or os.fstat(f.fileno()).st_size >= e.size:
+                                raise
+                            raise ReleaseError("%s shrank from %d bytes while the release archive was built; "
+                                               "deploy again" % (e.relpath, e.size))
+                        after = file_stat_key(os.fstat(f.fileno()))
+                    same = before == after == scan.stats.get(e.relpath) and reader.count == e.size
+                    written.append(e if same else Entry(e.relpath, e.kind, e.mode, e.size, "changed"))
+                elif e.kind == KIND_FILE:
+                    with open(path, "rb") as f:
+                        reader = _HashingReader(f)
+                        tar.addfile(_tarinfo(e.relpath, e.kind, e.mode, e.size), reader)
+                    written.append(Entry(e.relpath, e.kind, e.mode, e.size, reader.sha.hexdigest()))
+                else:
+                    tar.addfile(_tarinfo(e.relpath, e.kind, e.mode, 0, e.payload))
+                    written.append(e)
+    finally:
+        if gz is not None:
+            gz.close()
+    counter.flush()
+    return hash_entries(written), counter.count
+
+
+def build_archive(scan, dest_path, compresslevel=DEFAULT_COMPRESSLEVEL, have=None, sync=True):
+    """write_archive into the file dest_path (gzip at compresslevel; None: a plain tar), fsync'd
+    unless sync is false. Returns the content digest of what was written (see write_archive)."""
+    with open(dest_path, "wb") as raw:
+        digest = write_archive(scan, raw, have=have, compresslevel=compresslevel)[0]
         raw.flush()
-        os.fsync(raw.fileno())
-    return hash_entries(written)
+        if sync:
+            os.fsync(raw.fileno())
+    return digest
+
+
+@contextlib.contextmanager
+def open_archive(archive_path):
+    """tarfile of a release archive: gzip-compressed (by its magic) or plain. A fifo (the action
+    plugin streaming the archive into the module) is read once, front to back (tarfile's stream
+    mode, which the extractors' single pass allows); a file is opened for random access."""
+    if stat.S_ISFIFO(os.stat(archive_path).st_mode):
+        with open(archive_path, "rb") as raw:
+            with tarfile.open(fileobj=raw, mode="r|*", bufsize=_CHUNK) as tar:
+                yield tar
+            # read to the writer's end (the tar's last record): a writer cut off by our close
+            # would fail a transfer that delivered everything
+            while raw.read(_CHUNK):
+                pass
+        return
+    with open(archive_path, "rb") as f:
+        magic = f.read(2)
+    with tarfile.open(archive_path, mode="r:gz" if magic == GZIP_MAGIC else "r:") as tar:
+        yield tar
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,7 +630,7 @@ def extract_archive_entries(archive_path, dest):
     dest = os.path.realpath(dest)
     entries = []
     dir_modes = {}  # applied last, so read-only directories do not block their contents
-    with tarfile.open(archive_path, mode="r:gz") as tar:
+    with open_archive(archive_path) as tar:
         for member in tar:
             entries.append(_extract_member(tar, member, dest, dir_modes))
     _finish(dest, entries, dir_modes)
@@ -669,7 +790,7 @@ def extract_delta(archive_path, dest, base_dir, base_manifest, workers=COPY_WORK
     base_dir = os.path.realpath(base_dir)
     extracted = []
     dir_modes = {}
-    with tarfile.open(archive_path, mode="r:gz") as tar:
+    with open_archive(archive_path) as tar:
         first, manifest = _read_manifest_member(tar)
         by_path = dict((e.relpath, e) for e in manifest)
         for member in tar:  # iterating a TarFile starts over at its first member

@@ -16,10 +16,23 @@ description:
     release that passed the readiness proof.
   - With O(src), the action plugin computes the id on the controller and asks the target whether
     that release already exists. Only when it does not, the tree goes over as B(one) deterministic
-    tar.gz (one file transfer), extracted into C(releases/.tmp-<id>-*), checked against the id,
+    archive (one file transfer), extracted into C(releases/.tmp-<id>-*), checked against the id,
     completed by a marker file C(.dflash-release) written last, then renamed into place. A
     deploy that changes nothing is one module run with C(changed=false) (no remote temporary
     directory either).
+  - The archive is a B(plain tar) - weights and checkpoints do not compress, and gzip would send
+    them at about 20 MB/s. It is written while it is sent and, when the connection can stream
+    (P(dflash.trainer.pct#connection) can), it goes through a fifo in the remote temporary
+    directory straight into the module, which unpacks it as it arrives - no archive file on the
+    controller or in the container. Other connections put it as one file. A small one (at most
+    4 MiB of tar) is gzip-compressed and, when it then fits 1 MiB, rides inline in the module's
+    arguments. The target reads either kind.
+  - The controller caches each file's sha256 under its absolute path with its size, mtime, ctime,
+    inode and device (C($XDG_CACHE_HOME/dflash-trainer/release-hashes/), C(~/.cache) by default) -
+    a file whose stat is unchanged is not read again, so a deploy that changes nothing costs the
+    same with a 1 GiB checkpoint in the tree as without it. Files changed less than 3 s before
+    they are hashed are not cached (a same-tick rewrite would keep their stat); the target
+    checks every file it receives against the release id whatever the cache said.
   - Each release records its manifest (path, type, mode, sha256 or link target of every entry) in
     its marker. When the release C(current) points at has one, the archive is a B(delta) - the
     manifest of the new tree, directories, symlinks and only the files whose content the current
@@ -89,7 +102,8 @@ options:
     type: str
   archive:
     description:
-      - Path B(on the target) of a tar.gz of the release, as built by the action plugin. Used only
+      - Path B(on the target) of a tar (plain or gzip-compressed) of the release, as built by the action plugin, or
+        of a fifo the action plugin streams it into while the module reads it. Used only
         when the release does not exist yet; its content hash must match O(release).
     type: path
   base:
@@ -298,6 +312,13 @@ bytes:
   returned: when O(src) is given
   type: int
   sample: 183340
+hashed_files:
+  description:
+    - Files of the O(src) tree whose sha256 was computed in this run (action plugin); the others
+      came from the controller's hash cache.
+  returned: when O(src) is given
+  type: int
+  sample: 1
 archive_bytes:
   description: Size of the archive that was (or would be) transferred (action plugin).
   returned: when O(src) is given and a transfer happened
@@ -310,6 +331,8 @@ import datetime
 import json
 import os
 import shutil
+import stat
+import tarfile
 import tempfile
 import time
 
@@ -358,6 +381,14 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_root impor
 )
 
 
+def _is_fifo(path):
+    """The action plugin streams a big archive through a fifo in its remote tmp dir."""
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _base_unusable(rid, base, why):
     return ReleaseModuleError("Unable to install release %s as a delta on base release %s: %s; "
                               "send the full archive" % (rid, base, why), base_unusable=True, base=base)
@@ -392,7 +423,7 @@ def install_release(root, rid, archive, base=None):
                              linked_files=done.linked, copied_files=done.copied)
         except BaseReleaseError as e:
             raise _base_unusable(rid, base, str(e))
-        except (ReleaseError, OSError, EOFError, ValueError) as e:
+        except (ReleaseError, OSError, EOFError, ValueError, tarfile.TarError) as e:
             raise ReleaseModuleError("Unable to unpack release %s from %s: %s" % (rid, archive, e))
         if digest[:RELEASE_ID_LEN] != rid:
             raise ReleaseModuleError("Unable to install release %s: the archive %s holds release %s "
@@ -463,7 +494,7 @@ def _present(params, check_mode):
             manifest = read_manifest(root, previous) if previous else None
             result["base_manifest"] = None if manifest is None else manifest_items(manifest)
         return result
-    if not complete and not os.path.isfile(archive):
+    if not complete and not (os.path.isfile(archive) or _is_fifo(archive)):
         raise ReleaseModuleError("Unable to install release %s: archive %s does not exist on the target"
                                  % (rid, archive))
 

@@ -78,7 +78,7 @@ def module_runs(stdout):
 
 
 def archive_puts(stdout):
-    return sum(1 for line in stdout.splitlines() if "PUT " in line and ".tar.gz" in line)
+    return sum(1 for line in stdout.splitlines() if "PUT " in line and "release-" in line and ".tar" in line)
 
 
 def play(tmp_path, src, root, check=False, extra=None, pipelining=False):
@@ -96,7 +96,8 @@ def play(tmp_path, src, root, check=False, extra=None, pipelining=False):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
                ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-remote"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_PIPELINING="1" if pipelining else "0")
+               ANSIBLE_NOCOLOR="1", ANSIBLE_PIPELINING="1" if pipelining else "0",
+               XDG_CACHE_HOME=str(tmp_path / "cache"))  # the controller's hash cache: ours
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
     result = json.loads(out.read_text()) if out.exists() else None
     return proc, result
@@ -203,6 +204,25 @@ def test_large_archive_goes_through_one_transfer(tmp_path, python_ok):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r1["transferred"] is True and r1["archive_bytes"] > 1024 * 1024
     assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
+    assert tree_of(root / "current") == tree_of(src)
+    remote_tmp = tmp_path / "ansible-remote"
+    assert not remote_tmp.exists() or not any(remote_tmp.iterdir())
+
+
+def test_big_archive_is_a_plain_tar_through_one_transfer(tmp_path, python_ok):
+    """Over SMALL_ARCHIVE_MAX the archive is not compressed (a checkpoint does not compress); the local
+    connection has no put_stream, so it goes through one put of a local temp file."""
+    src, root = tmp_path / "src", tmp_path / "root"
+    make_src(str(src))
+    (src / "weights.bin").write_bytes(os.urandom(6 * 1024 * 1024))
+    proc, r1 = play(tmp_path, src, root, extra={"ansible_pipelining": True})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = deploy_task_output(proc.stdout)
+    puts = [line for line in out.splitlines() if "PUT " in line and "release-" in line]
+    assert len(puts) == 1 and puts[0].rstrip().endswith(".tar"), puts
+    assert "plain tar, one put of a local temp file" in out
+    assert r1["transferred"] is True and 6 * 1024 * 1024 < r1["archive_bytes"] < 7 * 1024 * 1024
+    assert r1["hashed_files"] == r1["file_count"] == 23
     assert tree_of(root / "current") == tree_of(src)
     remote_tmp = tmp_path / "ansible-remote"
     assert not remote_tmp.exists() or not any(remote_tmp.iterdir())
