@@ -33,6 +33,7 @@ What `up` builds (all real parts, only the GPU is simulated):
 
     python3 lab/lab.py delay SECONDS [--ids ...]  # pct start-up cost per call (0: none, the default)
     python3 lab/lab.py node-gpus [--ids 231 232]  # containers whose GPUs are the node's (lab/node.py)
+    python3 lab/lab.py torch --ids 300           # real PyTorch (CPU) in a container (issue 15 item 4)
 """
 import argparse
 import glob
@@ -370,7 +371,7 @@ def ensure_container(vmid, unprivileged=False):
     os.makedirs(os.path.join(STATE_DIR, "ct", vmid), exist_ok=True)
     record_kind(vmid, unprivileged)
     with open(os.path.join(conf_dir, "config"), "w") as fh:
-        fh.write(lxc_config(vmid, unprivileged))
+        fh.write(lxc_config(vmid, unprivileged) + extra_config(vmid))
     write_pve_config(vmid, unprivileged)
     if not lxc_running(vmid):
         seed_container(vmid, unprivileged)
@@ -620,6 +621,176 @@ def down(ids, purge):
         log("rootfs cache removed")
 
 
+# -- real PyTorch in a container (issue 15 item 4; FIELD-NOTES "Real PyTorch in an LXC container") --
+# Containers have no network: torch (CPU build) goes into a venv on the host, built once, bind-mounted
+# read-only into the container, which runs it with its own /usr/bin/python3 and PYTHONPATH (the venv's
+# python links to the host's interpreter). What inductor's C++ backend needs there - g++, Python.h,
+# openssl - comes as .debs that the host's apt fetches (its configured mirror), for the closure the
+# cached rootfs lacks.
+TORCH_VERSION = os.environ.get("DFLASH_LAB_TORCH_VERSION", "2.13.0")
+TORCH_WHEELS = "/opt/wheels"  # where this machine keeps the CPU build of it
+TORCH_DIR = os.path.join(CACHE_DIR, "torch")  # venv/ and debs/
+TORCH_MOUNT = "opt/dflash-lab-torch"  # in the container (lxc.mount.entry's form: no leading /)
+TORCH_DEB_PACKAGES = ["g++", "python3-dev", "openssl"]
+
+
+def extra_config_path(vmid):
+    return os.path.join(STATE_DIR, "ct", vmid, "lxc-extra.conf")
+
+
+def extra_config(vmid):
+    """LXC config lines a lab subcommand added for this container (`torch`: its bind mount); every
+    `up` keeps them."""
+    try:
+        with open(extra_config_path(vmid)) as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
+def rootfs_python():
+    """'python3.11': the interpreter the containers run (the venv must be built for the same)."""
+    return os.path.basename(os.path.realpath(os.path.join(rootfs_path(), "usr/bin/python3")))
+
+
+def torch_site_packages(root="/" + TORCH_MOUNT):
+    """The venv's site-packages as the container sees it: its PYTHONPATH for torch."""
+    return os.path.join(root, "venv", "lib", rootfs_python(), "site-packages")
+
+
+def apt_plan(text):
+    """`apt-get -s install` output -> [[package, version]] it would install or upgrade (Inst lines)."""
+    return [list(m) for m in re.findall(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)", text, re.M)]
+
+
+def ensure_torch_venv():
+    """torch==TORCH_VERSION in TORCH_DIR/venv, built once (its stamp is written last); seconds spent."""
+    venv = os.path.join(TORCH_DIR, "venv")
+    stamp = os.path.join(venv, ".dflash-lab-torch")
+    try:
+        with open(stamp) as fh:
+            if fh.read().strip() == TORCH_VERSION:
+                return 0.0
+    except OSError:
+        pass
+    have = "python%d.%d" % sys.version_info[:2]
+    if have != rootfs_python():
+        raise SystemExit("lab: the containers run %s but lab.py runs %s: the torch venv must be built by the same "
+                         "Python version" % (rootfs_python(), have))
+    t0 = time.monotonic()
+    shutil.rmtree(venv, ignore_errors=True)
+    os.makedirs(TORCH_DIR, exist_ok=True)
+    run([sys.executable, "-m", "venv", venv])
+    want = "torch==" + TORCH_VERSION
+    links = []
+    if glob.glob(os.path.join(TORCH_WHEELS, "torch-%s+cpu-*.whl" % TORCH_VERSION)):
+        want, links = want + "+cpu", ["--find-links", TORCH_WHEELS]
+    else:
+        log("no CPU build of torch %s in %s: pip takes the registry's (the CUDA build, several GB)"
+            % (TORCH_VERSION, TORCH_WHEELS))
+    log("torch venv: pip install %s into %s" % (want, venv))
+    run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        + links + [want])
+    write_text(stamp, TORCH_VERSION + "\n")
+    return time.monotonic() - t0
+
+
+def _apt(argv, **kw):
+    """An apt-get call; on failure (stale package lists) once more after `apt-get update`."""
+    res = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
+    if res.returncode:
+        run(["apt-get", "update", "-qq"], stdout=subprocess.DEVNULL)
+        res = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
+    if res.returncode:
+        raise SystemExit("lab: %s failed: %s" % (" ".join(argv[:3]), res.stderr.strip()[-2000:]))
+    return res.stdout
+
+
+def ensure_torch_debs():
+    """The .debs of TORCH_DEB_PACKAGES and what they need beyond the cached rootfs, in TORCH_DIR/debs
+    (apt-get download, fetched once); returns (file names, seconds spent)."""
+    debs = os.path.join(TORCH_DIR, "debs")
+    record = os.path.join(debs, "plan.json")
+    try:
+        with open(record) as fh:
+            files = json.load(fh)["files"]
+        if files and all(os.path.exists(os.path.join(debs, f)) for f in files):
+            return files, 0.0
+    except (OSError, ValueError, KeyError):
+        pass
+    t0 = time.monotonic()
+    status_file = os.path.join(rootfs_path(), "var/lib/dpkg/status")
+    plan = apt_plan(_apt(["apt-get", "-s", "-o", "Dir::State::status=" + status_file, "-o",
+                          "APT::Install-Recommends=false", "install"] + TORCH_DEB_PACKAGES))
+    if not plan:
+        raise SystemExit("lab: apt plans nothing to install for %s over the rootfs" % " ".join(TORCH_DEB_PACKAGES))
+    shutil.rmtree(debs, ignore_errors=True)
+    os.makedirs(debs)
+    _apt(["apt-get", "download", "-q"] + ["%s=%s" % (p, v) for p, v in plan], cwd=debs)
+    files = sorted(f for f in os.listdir(debs) if f.endswith(".deb"))
+    write_text(record, json.dumps({"packages": TORCH_DEB_PACKAGES, "plan": plan, "files": files}, indent=1))
+    log("torch debs: %d packages fetched in %.1f s (%s)" % (len(files), time.monotonic() - t0, debs))
+    return files, time.monotonic() - t0
+
+
+def attach(vmid, *cmd, **kw):
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    kw.setdefault("check", False)
+    return run(["lxc-attach", "-n", vmid, "--", "env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"] + list(cmd), **kw)
+
+
+def ensure_torch_container(vmid):
+    """The venv mounted (the container restarted when it runs without the mount) and the .debs
+    installed; seconds spent installing (0: already there)."""
+    stamp = "/%s/venv/.dflash-lab-torch" % TORCH_MOUNT
+    if attach(vmid, "test", "-f", stamp).returncode:
+        log("container %s: restarting it with %s mounted" % (vmid, "/" + TORCH_MOUNT))
+        run(["lxc-stop", "-n", vmid, "-t", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run(["lxc-start", "-n", vmid, "-d"])
+        wait_booted(vmid)
+        if attach(vmid, "test", "-f", stamp).returncode:
+            raise SystemExit("lab: container %s does not see %s after its restart" % (vmid, stamp))
+    states = attach(vmid, "dpkg-query", "-W", "-f=${Status}\n", *TORCH_DEB_PACKAGES).stdout.split("\n")
+    spent = 0.0
+    if [s for s in states if s] != ["install ok installed"] * len(TORCH_DEB_PACKAGES):
+        t0 = time.monotonic()
+        res = attach(vmid, "sh", "-c", 'DEBIAN_FRONTEND=noninteractive dpkg -i "$1"/debs/*.deb', "sh",
+                     "/" + TORCH_MOUNT)
+        if res.returncode:
+            raise SystemExit("lab: container %s: dpkg -i of the torch debs failed: %s"
+                             % (vmid, (res.stdout + res.stderr)[-2000:]))
+        spent = time.monotonic() - t0
+        log("container %s: %s installed in %.1f s" % (vmid, " ".join(TORCH_DEB_PACKAGES), spent))
+    probe = attach(vmid, "env", "PYTHONPATH=" + torch_site_packages(), "python3", "-c",
+                   "import torch, sysconfig, os, shutil; print(torch.__version__); "
+                   "assert os.path.exists(os.path.join(sysconfig.get_path('include'), 'Python.h')), 'no Python.h'; "
+                   "assert shutil.which('g++') and shutil.which('openssl'), 'no g++ or openssl'")
+    if probe.returncode:
+        raise SystemExit("lab: container %s cannot run torch: %s" % (vmid, probe.stderr.strip()[-2000:]))
+    log("container %s: torch %s with PYTHONPATH=%s" % (vmid, probe.stdout.strip(), torch_site_packages()))
+    return spent
+
+
+def torch_up(ids):
+    """`lab.py torch`: containers ids up with real PyTorch (CPU) available read-only."""
+    ensure_host_packages()
+    ensure_rootfs()
+    venv_s = ensure_torch_venv()
+    _files, debs_s = ensure_torch_debs()
+    line = "lxc.mount.entry = %s %s none bind,ro,create=dir 0 0\n" % (TORCH_DIR, TORCH_MOUNT)
+    for vmid in ids:
+        os.makedirs(os.path.join(STATE_DIR, "ct", vmid), exist_ok=True)
+        have = extra_config(vmid)
+        if line not in have:
+            write_text(extra_config_path(vmid), have + line)
+    up(ids)
+    install_s = {vmid: ensure_torch_container(vmid) for vmid in ids}
+    log("torch: venv %s, debs %s, container install %s" % (
+        "built in %.1f s" % venv_s if venv_s else "cached", "fetched in %.1f s" % debs_s if debs_s else "cached",
+        ", ".join("%s %.1f s" % kv for kv in install_s.items())))
+
+
 def status():
     for vmid in lab_ids():
         print("%s %s %s" % (vmid, "running" if lxc_running(vmid) else "stopped", container_kind(vmid)))
@@ -651,10 +822,14 @@ def main(argv=None):
     g = sub.add_parser("node-gpus", help="containers whose simulated GPUs are the node's (its nvidia-smi shows "
                                          "their holders under host PIDs); no --ids: none")
     g.add_argument("--ids", nargs="*", default=[])
+    t = sub.add_parser("torch", help="real PyTorch (CPU) in these containers: a venv built once on the host, "
+                                     "bind-mounted read-only at /%s, and a C++ compiler, the Python headers and "
+                                     "openssl from .debs fetched on the host" % TORCH_MOUNT)
+    t.add_argument("--ids", nargs="+", required=True)
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("lab: must run as root (LXC containers, /usr/sbin/pct, sshd)")
-    if args.cmd in ("up", "down", "allow", "delay", "node-gpus") and args.ids:
+    if args.cmd in ("up", "down", "allow", "delay", "node-gpus", "torch") and args.ids:
         bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
@@ -664,6 +839,8 @@ def main(argv=None):
         down(args.ids or lab_ids(), args.purge)
     elif args.cmd == "allow":
         allow(args.ids, args.remove, args.privileged)
+    elif args.cmd == "torch":
+        torch_up(args.ids)
     elif args.cmd == "node-gpus":
         node.set_tenants(args.ids)
     elif args.cmd == "delay":
