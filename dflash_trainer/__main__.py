@@ -96,7 +96,10 @@ def describe_host(h: HostResult) -> list[str]:
 
 def describe(result: RunResult, limit: Optional[str] = None) -> str:
     lines = ["%s (runner status %s, rc %s)" % ("OK" if result.ok else "FAILED", result.status, result.rc)]
-    if result.reason:  # the run could not start, or ended before its recap: say why
+    if not result.hosts and "leaves us with no hosts to target" in (result.reason or ""):
+        lines.append("no host matched the limit %r: ansible-playbook found no host to target in the inventory"
+                     % limit if limit else "no host matched: ansible-playbook found no host to target in the inventory")
+    elif result.reason:  # the run could not start, or ended before its recap: say why
         lines.extend(result.reason.splitlines())
     elif not result.hosts:
         lines.append("no host matched%s: no host was processed (the playbooks act on the group trainer_hosts "
