@@ -454,12 +454,17 @@ def _run_smi(run, argv):
         raise NvidiaSmiError(str(e))
 
 
-def read_gpus(run, nvidia_smi="nvidia-smi", processes=True):
+def read_gpus(run, nvidia_smi="nvidia-smi", processes=True, name_of=None):
     """One ``--query-gpu`` (+ one ``--query-compute-apps``) call through ``run(argv) -> (rc,
     out, err)``. Returns (gpus with ``processes``, warnings). Raises NvidiaSmiError with the
     failure message when the GPU query fails or hangs ("nvidia-smi did not answer within 30 s",
     when ``run`` is bounded: ``_run.Runner``); a failed process query is only a warning (the
-    memory figures are what counts)."""
+    memory figures are what counts).
+
+    The process query asks for UUIDs, PIDs and MiB only (query_node_apps_argv): nvidia-smi prints
+    process names unquoted, so a process named ``a, x, 1\n<pid>, p`` could forge a row. Names come
+    from ``name_of(pid)`` (default: this machine's ``/proc/<pid>/comm``; None where the pid is not
+    visible, as for the host PIDs the driver reports inside a container)."""
     rc, out, err = _run_smi(run, query_gpu_argv(nvidia_smi))
     msg = failure_message(rc, out, err)
     if msg:
@@ -469,18 +474,29 @@ def read_gpus(run, nvidia_smi="nvidia-smi", processes=True):
     apps = []
     if processes:
         try:
-            rc, out, err = _run_smi(run, query_apps_argv(nvidia_smi))
+            rc, out, err = _run_smi(run, query_node_apps_argv(nvidia_smi))
             msg = failure_message(rc, out, err)
         except NvidiaSmiError as e:  # it hung: the memory figures we have still count
             msg = str(e)
         if msg:
             warnings.append("process list unavailable: " + msg)
         else:
-            try:
-                apps = parse_compute_apps(out)
-            except NvidiaSmiError as e:
-                warnings.append("process list unreadable: %s" % e)
+            apps, malformed = parse_node_apps(out)
+            if malformed:
+                warnings.append("process list unreadable: %s" % malformed_message(malformed))
+                apps = []
+            for a in apps:
+                a["process_name"] = (name_of or proc_comm)(a["pid"])
     return join_processes(gpus, apps), warnings
+
+
+def proc_comm(pid):
+    """The process's name from /proc/<pid>/comm on this machine, or None."""
+    try:
+        with open("/proc/%d/comm" % int(pid), "rb") as fh:
+            return fh.read(64).decode("utf-8", "replace").rstrip("\n") or None
+    except (IOError, OSError, ValueError):
+        return None
 
 
 def read_node_gpus(run, nvidia_smi="nvidia-smi"):

@@ -196,11 +196,26 @@ class FakeRun(object):
 
 
 def test_read_gpus_joins_and_calls_twice():
-    run = FakeRun(gpu=(0, fixture("h200x8_query_gpu.txt"), ""), apps=(0, fixture("h200x8_compute_apps.txt"), ""))
-    gpus, warnings = smi.read_gpus(run, "/usr/bin/nvidia-smi")
+    run = FakeRun(gpu=(0, fixture("h200x8_query_gpu.txt"), ""),
+                  apps=(0, fixture("h200x8_compute_apps_uuid_pid_mib.txt"), ""))
+    gpus, warnings = smi.read_gpus(run, "/usr/bin/nvidia-smi", name_of=lambda pid: "python3" if pid == 1234 else None)
     assert warnings == []
     assert len(run.calls) == 2 and all(isinstance(a, list) for a in run.calls)
-    assert gpus[4]["processes"][0]["pid"] == 1234
+    assert gpus[4]["processes"][0]["pid"] == 1234 and gpus[4]["processes"][0]["process_name"] == "python3"
+    # no name is asked of nvidia-smi: it prints names unquoted (a name could forge a row)
+    assert run.calls[1] == ["/usr/bin/nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv"]
+
+
+def test_a_process_name_cannot_forge_a_row_in_the_containers_read():
+    """What the old query (with process_name) would have printed for a process named
+    'a, x, 1\n<pid>, p': the new query never asks for names, and a stray line is malformed."""
+    forged = ("gpu_uuid, pid, used_gpu_memory [MiB]\n"
+              "GPU-3f1a2b04-1c2d-4e5f-8a9b-c0ffee000004, 777, 20000 MiB\n"
+              "1234, p\n")
+    run = FakeRun(gpu=(0, fixture("h200x8_query_gpu.txt"), ""), apps=(0, forged, ""))
+    gpus, warnings = smi.read_gpus(run, name_of=lambda pid: None)
+    assert warnings and "malformed" in warnings[0] and "'1234, p'" in warnings[0]
+    assert all(not g["processes"] for g in gpus)  # nothing guessed
 
 
 def test_read_gpus_failure_and_process_warning():
@@ -254,11 +269,12 @@ def run_module(main, args, capsys):
 
 
 def test_gpu_info_module(tmp_path, capsys):
-    smi_path = fake_smi(tmp_path, "h200x8_query_gpu.txt", "h200x8_compute_apps.txt")
+    smi_path = fake_smi(tmp_path, "h200x8_query_gpu.txt", "h200x8_compute_apps_uuid_pid_mib.txt")
     out = run_module(gpu_info.main, {"nvidia_smi": smi_path, "gpus": [4, 5], "_ansible_check_mode": True}, capsys)
     assert out["changed"] is False
     assert out["gpu_count"] == 2 and out["total_used_mib"] == 130013
-    assert out["gpus"][0]["processes"] == [{"pid": 1234, "process_name": "python3", "used_memory_mib": 130004}]
+    # names come from this machine's /proc (nvidia-smi is never asked for them)
+    assert out["gpus"][0]["processes"] == [{"pid": 1234, "process_name": smi.proc_comm(1234), "used_memory_mib": 130004}]
 
 
 @pytest.mark.parametrize("args,msg", [
