@@ -100,7 +100,8 @@ def deploy(lab, torch_ct, tmp_path_factory):
     shutil.copytree(os.path.join(ROOT, "examples", "torch_trainer"), good)
     first = run(good)
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
-    FIGURES["first deploy, to ready (s)"] = first.wall_s
+    FIGURES["first deploy: play (s)"] = first.wall_s
+    FIGURES["first deploy: start to ready, the proof's figure (s)"] = to_ready(first.stdout)
     yield run, good, base, first
     lab.ct(CT, "systemctl", "stop", UNIT)  # the shared cores: no trainer left computing
     print("\ntorch lab figures: " + json.dumps(FIGURES, indent=1))
@@ -115,6 +116,13 @@ def py_json(lab, code, *args):
     res = lab.ct(CT, "python3", "-c", code, *args)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
+
+
+def to_ready(play_out):
+    """The proof's own figure: 'dflash-trainer ready: ... pid N, 67.007 s to ready, ...'."""
+    found = re.search(r"([\d.]+)\s+s\s+to\s+ready", play_out)
+    assert found, play_out[-3000:]
+    return float(found.group(1))
 
 
 def compile_seconds(log_text):
@@ -164,7 +172,8 @@ def test_a_forced_restart_purges_the_real_cache_and_ends_every_old_process(lab, 
     since = float(lab.ct(CT, "date", "+%s.%N").stdout)
     res = run(good, trainer_force_restart=True)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
-    FIGURES["forced restart, to ready (s)"] = res.wall_s
+    FIGURES["forced restart: play (s)"] = res.wall_s
+    FIGURES["forced restart: start to ready, the proof's figure (s)"] = to_ready(res.stdout)
     after_state = unit_state(lab)[0]
     assert after_state != before_state and "ActiveState=active" in after_state
     # nothing of the old invocation is left: not the trainer, not one compile worker
