@@ -21,8 +21,8 @@ description:
   - It takes the deploy lock's lease over from the play (O(lock_path), O(lock_token), a lease of
     O(lock_lease_s)), renews it from a thread while it runs, and checks it is still its own before it
     stops, switches or starts anything - once it is not, it stops acting and says who holds it. A
-    second job refuses to start while one runs. It records its phase in O(state_path) (on disk: a
-    reboot in the middle is found by the next run); at the end it records its outcome there and
+    second job refuses to start while one runs. It records its phase in O(state_path) (kept on disk,
+    so a reboot in the middle is found by the next run); at the end it records its outcome there and
     releases the lock.
   - O(state=wait) waits up to O(wait_s) for the job O(job_id) and returns its phase, or its
     outcome when it has finished (failing when the restart failed). A job that died without an
@@ -276,6 +276,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, done, failed, poll_until, waiting
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
@@ -457,15 +458,19 @@ def start_detached(module):
     os.waitpid(child, 0)
     pid = os.read(read_end, 32).decode() or "?"
     os.close(read_end)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        state = read_state(p["state_path"]) or {}
-        if state.get("job_id") == p["job_id"]:
-            module.exit_json(changed=True, started=True, job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
-                             phase=state.get("phase"))
-        time.sleep(0.05)
+    recorded = poll_until(lambda: read_state(p["state_path"]) or {}, job_recorded(p["job_id"]), 10, 0.05)
+    if recorded.ok:
+        module.exit_json(changed=True, started=True, job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
+                         phase=recorded.value.get("phase"))
     module.fail_json(msg="restart job %s (pid %s) did not record itself in %s within 10 s"
                      % (p["job_id"], pid, p["state_path"]))
+
+
+def job_recorded(job_id):
+    """Judge: the job ``job_id`` has recorded itself in the state file (-> its state)."""
+    def judge(state, _elapsed):
+        return done(state) if state.get("job_id") == job_id else waiting("restart job %s to record itself" % job_id)
+    return judge
 
 
 def job_message(result):
@@ -475,28 +480,42 @@ def job_message(result):
     return msg
 
 
-def wait(module):
-    p = module.params
-    deadline = time.monotonic() + max(p["wait_s"], 0)
-    while True:
-        state = read_state(p["state_path"])
-        mine = state is not None and state.get("job_id") == p["job_id"]
+def job_ended(job_id):
+    """Judge of (state, alive) observations: the job ``job_id`` is done (-> its state), or died
+    without an outcome (failed, -> its state); else the phase it is in."""
+    def judge(observed, _elapsed):
+        state, alive = observed
+        mine = state is not None and state.get("job_id") == job_id
         if mine and state.get("done"):
-            result = state.get("result") or {}
-            summary = dict(changed=True, finished=True, phase="done", result=result, job=outcome_words(state))
-            if result.get("ok"):
-                module.exit_json(**summary)
-            module.fail_json(msg=job_message(result), **summary)
-        if mine and not job_alive(state):
-            module.fail_json(msg="restart job %s died in phase %s without an outcome (state %s)"
-                             % (p["job_id"], state.get("phase"), p["state_path"]), finished=True,
-                             phase=state.get("phase"), result={})
-        if time.monotonic() >= deadline:
-            phase = (state or {}).get("phase", "not started") if mine else "not started"
-            if mine and state.get("waiting"):
-                phase = "%s, %s" % (phase, state["waiting"])
-            module.exit_json(changed=False, finished=False, phase=phase, job=outcome_words(state) if mine else "")
-        time.sleep(0.25)
+            return done(state)
+        if mine and not alive:
+            return failed("restart job %s died in phase %s without an outcome" % (job_id, state.get("phase")), state)
+        phase = (state or {}).get("phase", "not started") if mine else "not started"
+        if mine and state.get("waiting"):
+            phase = "%s, %s" % (phase, state["waiting"])
+        return waiting(phase, state if mine else None)
+    return judge
+
+
+def observe_job(state_path):
+    state = read_state(state_path)
+    return state, job_alive(state)
+
+
+def wait(module, clock=time.monotonic, sleep=time.sleep):
+    p = module.params
+    out = poll_until(lambda: observe_job(p["state_path"]), job_ended(p["job_id"]), p["wait_s"], 0.25,
+                     clock=clock, sleep=sleep)
+    if out.state == DONE:
+        result = out.value.get("result") or {}
+        summary = dict(changed=True, finished=True, phase="done", result=result, job=outcome_words(out.value))
+        if result.get("ok"):
+            module.exit_json(**summary)
+        module.fail_json(msg=job_message(result), **summary)
+    if out.state == FAILED:
+        module.fail_json(msg="%s (state %s)" % (out.words, p["state_path"]), finished=True,
+                         phase=out.value.get("phase"), result={})
+    module.exit_json(changed=False, finished=False, phase=out.words, job=outcome_words(out.value) if out.value else "")
 
 
 def main():
