@@ -205,7 +205,7 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Restart on the target (a detached job: survives the controller)
+- name: Restart on the target (a detached job that survives the controller)
   dflash.trainer.trainer_restart:
     state: start
     job_id: "{{ token }}"
