@@ -38,7 +38,7 @@ CONNECTIONS = {
     "proxmox_pct_remote": "community.proxmox.proxmox_pct_remote",
     "dflash.trainer.pct": "dflash.trainer.pct",
 }
-SECTIONS = ("per_task", "noop_deploy", "release", "crash", "ready", "fleet")
+SECTIONS = ("per_task", "noop_deploy", "release", "crash", "ready", "fleet", "bigrelease")
 UNIT = "dflash-trainer.service"
 README_START = "<!-- bench:table:start -->"
 README_END = "<!-- bench:table:end -->"
@@ -59,6 +59,7 @@ class Bench(object):
         self.work = tempfile.mkdtemp(prefix="dflash-bench-")
         self.cp_dir = os.path.join(self.work, "cp")
         os.makedirs(self.cp_dir)
+        self.cache_home = os.path.join(self.work, "cache")
         self.settings = {
             "reps": args.reps,
             "quick": args.quick,
@@ -71,6 +72,7 @@ class Bench(object):
             "trainer_ready_min_steps": 2,
             "trainer_startup_s": "2.0 (stand-in default, DFLASH_FAKE_STARTUP_S)",
             "fleet": {"hosts": len(IDS), "forks": 8, "trainer_serial": 8},
+            "bigrelease": {"vmid": args.big_vmid, "file_mib": args.big_mib, "dir": args.big_dir},
             "containers": IDS,
             "ansible_config": os.path.join(ROOT, "ansible.cfg"),
             "control_path_dir": self.cp_dir,
@@ -109,6 +111,7 @@ class Bench(object):
 
     def _inventory(self, path, connection):
         hosts = {"bench-%d" % i: {"proxmox_vmid": i} for i in IDS}
+        hosts["bench-%d" % self.args.big_vmid] = {"proxmox_vmid": self.args.big_vmid}
         vars_ = {
             "ansible_connection": connection,
             "ansible_host": "127.0.0.1",
@@ -123,7 +126,7 @@ class Bench(object):
         if connection == "local":
             vars_["ansible_python_interpreter"] = sys.executable
         doc = {"all": {"hosts": hosts, "vars": vars_,
-                       "children": {"bench_fleet": {"hosts": {h: {} for h in hosts}}}}}
+                       "children": {"bench_fleet": {"hosts": {"bench-%d" % i: {} for i in IDS}}}}}
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
 
@@ -144,7 +147,8 @@ class Bench(object):
         if vvv:
             argv.append("-vvv")
         env = program_env(program, dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-                                        ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="0"))
+                                        ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="0",
+                                        XDG_CACHE_HOME=self.cache_home))  # the release hash cache: ours
         env.pop("ANSIBLE_STDOUT_CALLBACK", None)
         if as_json:
             env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
@@ -289,14 +293,14 @@ class Bench(object):
         return out
 
     # -- 3. release of a generated tree --------------------------------------------------------
-    def _release_run(self, src, root):
+    def _release_run(self, src, root, host="bench-220"):
         r = self.ansible(os.path.join(self.work, "release.yml"), as_json=True,
-                         extra={"bench_hosts": "bench-220", "bench_src": src, "bench_root": root})
+                         extra={"bench_hosts": host, "bench_src": src, "bench_root": root})
         (task,) = bl.find_tasks(bl.task_results(r["doc"]), "dflash.trainer.trainer_release")
         res = task["result"]
         return {"task_s": task["end"] - task["start"], "wall": r["wall"], "changed": res.get("changed"),
                 "transferred": res.get("transferred"), "release": res.get("release"),
-                "archive_bytes": res.get("archive_bytes")}
+                "archive_bytes": res.get("archive_bytes"), "hashed_files": res.get("hashed_files")}
 
     def release(self):
         n, ncopy = self.args.tree_files, self.args.copy_files
@@ -496,6 +500,121 @@ class Bench(object):
                  verdict=bl.verdict_words(c, "x"))
         return out
 
+    # -- 7. big release: a 1 GiB file in the tree --------------------------------------------
+    def _noop(self, src, host, vmid):
+        before = self.unit_state(vmid)
+        r = self.deploy(src, target=host, as_json=True)
+        after = self.unit_state(vmid)
+        changed = bl.recap_totals(r["doc"]).get("changed")
+        if changed != 0 or before.get("MainPID") != after.get("MainPID") or before.get("MainPID") == "0":
+            raise StepError("re-deploy of %s was not a no-op: changed=%s, MainPID %s -> %s"
+                            % (src, changed, before.get("MainPID"), after.get("MainPID")))
+        return r["wall"]
+
+    @staticmethod
+    def _transport_floor(vmid, path):
+        """Seconds to cat the file through ssh -> pct exec into a file in the container, synced: what
+        no deploy over this transport can beat."""
+        argv = ["ssh", "-p", "2222", "-i", SSH_KEY, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "root@127.0.0.1",
+                "%s exec %d -- sh -c 'cat > /root/bench-floor && sync /root/bench-floor && wc -c < /root/bench-floor; "
+                "rm -f /root/bench-floor'" % (PCT, vmid)]
+        with open(path, "rb") as fh:
+            t0 = time.monotonic()
+            proc = subprocess.run(argv, stdin=fh, capture_output=True, text=True, timeout=600, check=False)
+            took = time.monotonic() - t0
+        if proc.returncode != 0 or proc.stdout.strip() != str(os.path.getsize(path)):
+            raise StepError("transport floor: %s (rc %d): %s %s" % (shlex.join(argv), proc.returncode, proc.stdout,
+                                                                    proc.stderr))
+        return took
+
+    def bigrelease(self):
+        vmid = self.args.big_vmid
+        host = "bench-%d" % vmid
+        mib = self.args.big_mib
+        base = tempfile.mkdtemp(prefix="dflash-bench-big-", dir=self.args.big_dir)  # never in the repo
+        try:
+            small = os.path.join(base, "small")
+            big = os.path.join(base, "big")
+            for path in (small, big):
+                shutil.copytree(os.path.join(ROOT, "examples", "trainer"), path,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "fault.env"))
+            os.makedirs(os.path.join(big, "weights"))
+            t0 = time.monotonic()
+            with open(os.path.join(big, "weights", "model.ckpt"), "wb") as fh:  # does not compress
+                for _i in range(mib):
+                    fh.write(os.urandom(1024 * 1024))
+            log("big release: %d MiB of random bytes written in %.1f s (%s)" % (mib, time.monotonic() - t0, big))
+            cache = os.path.join(self.cache_home, "dflash-trainer", "release-hashes")
+            root = "/opt/bench-big-release"
+            first, noop, small_noop, floor = [], [], [], []
+            # deploy.yml no-ops, with and without the file: set up once (a restart each), not counted
+            w_small, w_big = [], []
+
+            def noops():  # switch (a restart) and one warm-up no-op, not counted; then the no-op counted
+                for src, walls in ((small, w_small), (big, w_big)):
+                    self.deploy(src, target=host)
+                    self._noop(src, host, vmid)
+                    walls.append(self._noop(src, host, vmid))
+            noops()
+            for rep in range(self.args.reps):
+                self.pct(vmid, "rm", "-rf", root)
+                shutil.rmtree(cache, ignore_errors=True)  # cold: the first deploy hashes the file too
+                floor.append(self._transport_floor(vmid, os.path.join(big, "weights", "model.ckpt")))
+                a = self._release_run(big, root, host)
+                if not a["transferred"]:
+                    raise StepError("big release first deploy did not transfer: %s" % a)
+                first.append(a)
+                self._release_run(small, root + "-small", host)  # its first deploy (a no-op after rep 1)
+                for _k in range(4):  # no-ops with and without the file, interleaved
+                    b = self._release_run(big, root, host)
+                    c = self._release_run(small, root + "-small", host)
+                    if b["changed"] or c["changed"]:
+                        raise StepError("big release no-ops not as expected: with %s, without %s" % (b, c))
+                    noop.append(b)
+                    small_noop.append(c)
+                log("big release rep %d: transport floor %.2f s, first %.2f s (archive %d B, %s files hashed), "
+                    "no-ops %s s (files hashed: %s), without the file %s s" % (
+                        rep + 1, floor[-1], a["task_s"], a["archive_bytes"], a["hashed_files"],
+                        " ".join("%.2f" % x["task_s"] for x in noop[-4:]), sum(x["hashed_files"] for x in noop[-4:]),
+                        " ".join("%.2f" % x["task_s"] for x in small_noop[-4:])))
+                if rep:
+                    noops()
+            self.pct(vmid, "rm", "-rf", root, root + "-small")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        s_floor = bl.summary(floor)
+        s_first = bl.summary([x["task_s"] for x in first])
+        s_noop = bl.summary([x["task_s"] for x in noop])
+        s_small = bl.summary([x["task_s"] for x in small_noop])
+        s_wbig, s_wsmall = bl.summary(w_big), bl.summary(w_small)
+        c_first = bl.check_max(s_first["median"], 15.0)
+        c_noop = bl.check_max(bl.ratio(s_wbig["median"], s_wsmall["median"]), 1.2)
+        c_task = bl.check_max(bl.ratio(s_noop["median"], s_small["median"]), 1.2)
+        out = {"file_mib": mib, "transport_floor": s_floor, "first": s_first, "noop": s_noop, "noop_without": s_small,
+               "deploy_noop_with": s_wbig, "deploy_noop_without": s_wsmall,
+               "runs": {"first": first, "noop": noop, "noop_without": small_noop,
+                        "deploy_noop_with": w_big, "deploy_noop_without": w_small},
+               "first_check": c_first, "deploy_noop_ratio": c_noop, "task_noop_ratio": c_task}
+        what = "%d MiB file + the stand-in trainer" % mib
+        self.row(figure="7 big release", what="floor: the file through ssh + pct exec into a file (cat, fsync)",
+                 min=s_floor["min"], median=s_floor["median"], target="(report)", verdict="")
+        self.row(figure="7 big release", what="first deploy, release task, cold hash cache (%s)" % what,
+                 min=s_first["min"], median=s_first["median"], target="≤ 15 s", verdict=bl.verdict_words(c_first))
+        self.row(figure="7 big release", what="no-op release task with the file", min=s_noop["min"],
+                 median=s_noop["median"], target="", verdict="")
+        self.row(figure="7 big release", what="no-op release task without it", min=s_small["min"],
+                 median=s_small["median"], target="", verdict="")
+        self.row(figure="7 big release", what="no-op release task, with / without (medians)", min=None,
+                 median=c_task["value"], unit="x", target="≤ 1.2×", verdict=bl.verdict_words(c_task, "x"))
+        self.row(figure="7 big release", what="deploy.yml no-op with the file (wall)", min=s_wbig["min"],
+                 median=s_wbig["median"], target="", verdict="verified no-op")
+        self.row(figure="7 big release", what="deploy.yml no-op without it (wall)", min=s_wsmall["min"],
+                 median=s_wsmall["median"], target="", verdict="verified no-op")
+        self.row(figure="7 big release", what="deploy.yml no-op, with / without (medians)", min=None,
+                 median=c_noop["value"], unit="x", target="≤ 1.2×", verdict=bl.verdict_words(c_noop, "x"))
+        return out
+
     # -- the run -------------------------------------------------------------------------------
     def run(self, sections):
         for name in sections:
@@ -535,6 +654,11 @@ def main(argv=None):
                    help="files copied over proxmox_pct_remote, extrapolated to the tree (default 50)")
     p.add_argument("--hold-s", type=float, default=2.0, help="trainer_ready_hold_s for the bench (default 2)")
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run only these sections")
+    p.add_argument("--big-vmid", type=int, default=IDS[0],
+                   help="container of the bigrelease section (default %d; --only bigrelease uses only it)" % IDS[0])
+    p.add_argument("--big-mib", type=int, default=1024, help="size of the bigrelease section's file (default 1024)")
+    p.add_argument("--big-dir", default="/var/tmp",
+                   help="where the bigrelease section writes its tree, outside the checkout (default /var/tmp)")
     p.add_argument("--keep-lab", action="store_true", help="leave containers 220-227 up at the end")
     p.add_argument("--reuse-lab", action="store_true",
                    help="do not recreate containers 220-227 at the start (default: down, then up)")
@@ -550,9 +674,11 @@ def main(argv=None):
 
     t0 = time.monotonic()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    # the containers the sections need: bigrelease alone needs only its own
+    ids = [args.big_vmid] if sections == ["bigrelease"] else sorted(set(IDS) | {args.big_vmid})
     if not args.reuse_lab:
-        lab("down", IDS)  # fresh containers: no trainer left running from an earlier run
-    lab("up", IDS)
+        lab("down", ids)  # fresh containers: no trainer left running from an earlier run
+    lab("up", ids)
     bench = Bench(args)
     log("settings: %s" % json.dumps(bench.settings, sort_keys=True))
     load_before = os.getloadavg()
@@ -561,7 +687,7 @@ def main(argv=None):
     finally:
         if not args.keep_lab:
             try:
-                lab("down", IDS)
+                lab("down", ids)
             except subprocess.CalledProcessError as e:
                 log("lab down failed: %s" % e)
         shutil.rmtree(bench.work, ignore_errors=True)
