@@ -35,7 +35,7 @@ test-lab: lab
 
 # Real PyTorch (issue 15 item 4): tests/lab/test_torch_lab.py alone, its figures printed (-s). test-lab
 # runs it too: ≈ 3.3 min on 2 shared cores, ≤ 4.5 min when it first builds the torch venv and container
-# 300 (README "Real PyTorch in the lab").
+# 300, more on a loaded machine (README "Real PyTorch in the lab").
 .PHONY: test-torch
 test-torch: lab
 	python -m pytest -q -s tests/lab/test_torch_lab.py

@@ -689,8 +689,10 @@ def ensure_torch_venv():
         log("no CPU build of torch %s in %s: pip takes the registry's (the CUDA build, several GB)"
             % (TORCH_VERSION, TORCH_WHEELS))
     log("torch venv: pip install %s into %s" % (want, venv))
-    run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        + links + [want])
+    res = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
+                          "--disable-pip-version-check"] + links + [want], capture_output=True, text=True, check=False)
+    if res.returncode:  # pip's output only then: a machine's pip configuration may warn on every package
+        raise SystemExit("lab: pip install %s failed: %s" % (want, (res.stdout + res.stderr).strip()[-3000:]))
     write_text(stamp, TORCH_VERSION + "\n")
     return time.monotonic() - t0
 

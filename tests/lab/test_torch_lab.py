@@ -131,12 +131,15 @@ def compile_seconds(log_text):
     return float(found[-1])
 
 
-def test_the_real_trainer_is_proved_ready(lab, deploy):
+def test_the_real_trainer_is_proved_ready(lab, torch_ct, deploy):
     _run, _good, _base, first = deploy
     log = lab.ct(CT, "cat", LOG).stdout
     assert "torch trainer starting" in log and re.search(r"^step=\d+ loss=[\d.]+ tok/s=[\d.]+$", log, re.M), log[-2000:]
     FIGURES["first compile, forward + backward (s)"] = compile_seconds(log)
     assert "ActiveState=active" in unit_state(lab)[0]
+    # torch reaches the container read-only: no release, trainer or compile can change it
+    probe = lab.ct(CT, "touch", torch_ct.split("/lib/")[0] + "/probe")
+    assert probe.returncode != 0 and "Read-only file system" in probe.stderr, probe
     # every trainer GPU holds the trainer's memory (the proof's own condition, read again here)
     used = lab.ct(CT, "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits").stdout
     held = {int(i): int(m) for i, m in (line.split(", ") for line in used.strip().splitlines())}
