@@ -126,9 +126,10 @@ class ActionModule(ActionBase):
                 base, have = None, None
 
             if self._task.check_mode:
-                # the archive's size, measured by writing it nowhere (its content checked too)
+                # the archive's size, measured by writing it nowhere (files checked by stat, not hashed again)
                 level = _compresslevel(scan, have)
-                written, tree["archive_bytes"] = write_archive(scan, _NullWriter(), have=have, compresslevel=level)
+                written, tree["archive_bytes"] = write_archive(scan, _NullWriter(), have=have, compresslevel=level,
+                                                               check="stat")
                 if written != scan.digest:
                     self._changed_during_build(result, src_path, scan, written, tree)
                     return result
