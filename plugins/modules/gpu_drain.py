@@ -19,6 +19,8 @@ description:
     Fails at O(timeout_s) naming the GPUs still held and the holders nvidia-smi shows, for example
     C(GPU memory still held after 60 s: GPU 5 5000 MiB; holders: pid 1234 python3 (5000 MiB on GPU 5)).
     Inside a container the process list is often empty; memory is judged from the per-GPU figures.
+  - For playbooks outside the role (a maintenance window, another GPU job, a driver upgrade); the role's
+    restart job drains with the same function (C(module_utils/_cycle.py)) and does not call this module.
 options:
   gpus:
     description: GPU indexes to wait for. Default is every GPU nvidia-smi reports.
@@ -40,17 +42,12 @@ options:
     description: Seconds to wait before failing.
     type: float
     default: 60
-  nvidia_smi:
-    description: Name (looked up in E(PATH)) or absolute path of the nvidia-smi executable.
-    type: str
-    default: nvidia-smi
 attributes:
   check_mode:
-    support: full
-    description: Read-only; waits in check mode too.
-  diff_mode:
-    support: none
-    description: Returns no diff.
+    details: Waits in check mode too.
+extends_documentation_fragment:
+  - dflash.trainer.nvidia_smi
+  - dflash.trainer.attributes.read_only
 author:
   - dflash.trainer maintainers (@dflash)
 """

@@ -17,27 +17,21 @@ description:
     become V(null) and are listed in the GPU's RV(gpus[].errors).
   - Inside a container the per-GPU memory is right but the process list may be empty or show host
     PIDs with names V([Not Found]); judge memory from RV(gpus[].memory_used_mib).
+  - For playbooks outside the role (an inventory of a GPU host, a check before other GPU work); the
+    role reads GPUs with M(dflash.trainer.trainer_status) and does not call this module.
   - >-
     Fails with the nvidia-smi exit status in words when the GPU query fails, for example
     C(nvidia-smi failed (exit 9: driver not loaded): ...). A failed process query is only a warning.
 options:
-  nvidia_smi:
-    description: Name (looked up in E(PATH)) or absolute path of the nvidia-smi executable.
-    type: str
-    default: nvidia-smi
   gpus:
     description:
       - Only report the GPUs with these indexes. Default is every GPU nvidia-smi reports.
       - An index nvidia-smi does not report fails the task.
     type: list
     elements: int
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same queries in check mode.
-  diff_mode:
-    support: none
-    description: Returns no diff.
+extends_documentation_fragment:
+  - dflash.trainer.nvidia_smi
+  - dflash.trainer.attributes.read_only
 author:
   - dflash.trainer maintainers (@dflash)
 """

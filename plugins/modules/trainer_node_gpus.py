@@ -40,10 +40,6 @@ options:
     description: The trainer's GPUs (default every GPU the node reports).
     type: list
     elements: int
-  nvidia_smi:
-    description: Name (looked up in E(PATH)) or absolute path of nvidia-smi on the node.
-    type: str
-    default: nvidia-smi
   check:
     description:
       - V(preflight) fails when a process of the trainer's container other than the trainer holds
@@ -61,13 +57,9 @@ options:
     description: The proof's per-GPU minimum (C(trainer_gpu_min_mib)), for O(check=proof).
     type: int
     default: 1024
-attributes:
-  check_mode:
-    support: full
-    description: Read-only.
-  diff_mode:
-    support: none
-    description: Returns no diff.
+extends_documentation_fragment:
+  - dflash.trainer.nvidia_smi
+  - dflash.trainer.attributes.read_only
 author:
   - dflash.trainer maintainers (@dflash)
 """

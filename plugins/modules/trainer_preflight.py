@@ -23,6 +23,8 @@ description:
 author:
   - dflash.trainer maintainers (@dflash)
 version_added: 0.2.0
+extends_documentation_fragment:
+  - dflash.trainer.nvidia_smi
 options:
   release_dir:
     description: The release directory the trainer would start in.
@@ -80,10 +82,6 @@ options:
         description: The lease (seconds).
         type: int
         required: true
-  nvidia_smi:
-    description: The nvidia-smi program.
-    type: str
-    default: nvidia-smi
   gpu_foreign_mib:
     description: Per GPU index, the MiB other tenants hold (the node's view); allowed on top of O(max_mib).
     type: dict

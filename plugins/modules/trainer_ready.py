@@ -12,8 +12,13 @@ short_description: Prove on the target that this start of the trainer is trainin
 version_added: "0.1.0"
 description:
   - One task that polls on the target every O(interval_s) seconds (no controller-side retries)
-    until the trainer started by M(dflash.trainer.trainer_start) is proved ready, or fails with the
+    until the running start of the trainer (O(invocation_id)) is proved ready, or fails with the
     reason in words and the tail of this start's log.
+  - For playbooks outside the role, for example to prove a start the role did not make (a reboot, a
+    C(systemctl restart) of your own) - take O(invocation_id) and O(n_restarts) from
+    M(dflash.trainer.trainer_status). The role's restart job proves with the same judge
+    (C(module_utils/_readiness.py)) and does not call this module; it needs a unit whose launcher writes
+    the start marker (a unit the role installed).
   - >-
     Only lines after the launcher's marker C(==> dflash.trainer start invocation=<ID> ...) with
     O(invocation_id) count ("this start's log"); lines left by earlier runs never match.
@@ -61,11 +66,11 @@ options:
     type: path
     required: true
   invocation_id:
-    description: InvocationID of the activation to judge (RV(dflash.trainer.trainer_start#module:invocation_id)).
+    description: InvocationID of the activation to judge (RV(dflash.trainer.trainer_status#module:invocation_id)).
     type: str
     required: true
   n_restarts:
-    description: NRestarts baseline (RV(dflash.trainer.trainer_start#module:n_restarts)); a higher value means a restart.
+    description: NRestarts baseline (RV(dflash.trainer.trainer_status#module:n_restarts) read at the start); a higher value means a restart.
     type: int
     default: 0
   gpus:
@@ -76,33 +81,6 @@ options:
     description: Memory in MiB each GPU in O(gpus) must use.
     type: int
     default: 1024
-  ready_regex:
-    description: Python regular expression a line of this start's log must match (by default a throughput line).
-    type: str
-    default: 'tok(?:en)?s?/s(?:ec)?\b|tokens? per sec'
-  step_regex:
-    description:
-      - Python regular expression whose first group that takes part in the match is the step counter.
-      - The default reads step, global_step, iter, iteration, it=, batch, [N/M] and tqdm's N/M [.
-    type: str
-    default: >-
-      (?x)(?=[gGsSiIbB\[\d])(?:
-      (?<![A-Za-z_])(?i:global[_ ]step|step|iteration|iter|batch)(?:[ \t]*[=:#])?[ \t]*(?:\[[ \t]*)?
-      (\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)
-      |(?<![A-Za-z_])it[ \t]*[=:][ \t]*(\d+)(?!\w|[.,]\d)
-      |\[\s*(\d+)\s*/\s*\d+\s*\]
-      |(?<![\w./:])(\d+)(?:/\d+|it)\s+\[\d+:\d)
-  tokps_regex:
-    description:
-      - Python regular expression whose first group that takes part in the match is the throughput in tokens per second.
-      - The figure is read as people write it (12.4K, 12,400, 1.2e4) and kept in tok/s.
-    type: str
-    default: >-
-      (?x)(?=[t\d])(?:
-      (?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?:\s*[=:])?\s*
-      ((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
-      |(?<![\w.,])((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
-      \s*(?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?!(?:\s*[=:])?\s*\d))
   error_regexes:
     description: Python regular expressions that fail the task when a line of this start's log matches.
     type: list
@@ -136,10 +114,6 @@ options:
     description: Lines of this start's log returned (and shown in the message) on failure.
     type: int
     default: 20
-  nvidia_smi:
-    description: Name (looked up in E(PATH)) or absolute path of the nvidia-smi executable.
-    type: str
-    default: nvidia-smi
 attributes:
   check_mode:
     support: partial
@@ -148,22 +122,27 @@ attributes:
   diff_mode:
     support: none
     description: Returns no diff.
+extends_documentation_fragment:
+  - dflash.trainer.log_patterns
+  - dflash.trainer.nvidia_smi
 author:
   - dflash.trainer maintainers (@dflash)
 """
 
 EXAMPLES = r"""
-- name: Start the trainer
-  dflash.trainer.trainer_start:
-    unit: dflash-trainer.service
-  register: __trainer_start
+- name: Read which start of the trainer runs (after a reboot, or a restart of your own)
+  dflash.trainer.trainer_status:
+    unit: dflash-trainer
+    trainer_root: /opt/dflash-trainer
+    log_path: /var/log/dflash-trainer/trainer.log
+  register: __trainer_now
 
 - name: Prove this start is training on all 8 GPUs
   dflash.trainer.trainer_ready:
     unit: dflash-trainer.service
     log_path: /var/log/dflash-trainer/trainer.log
-    invocation_id: "{{ __trainer_start.invocation_id }}"
-    n_restarts: "{{ __trainer_start.n_restarts }}"
+    invocation_id: "{{ __trainer_now.invocation_id }}"
+    n_restarts: "{{ __trainer_now.n_restarts }}"
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]
     min_mib: 4096
     timeout_s: 180
@@ -302,7 +281,7 @@ def main():
         module.exit_json(changed=False, skipped=True, ready=None,
                          msg="check mode: nothing was started, readiness not judged")
     if not p["invocation_id"].strip():
-        module.fail_json(msg="invocation_id is empty; pass trainer_start's invocation_id")
+        module.fail_json(msg="invocation_id is empty; pass the invocation_id of the start to judge (trainer_status returns it)")
 
     try:
         regexes = compile_regexes(p["ready_regex"], p["step_regex"], p["tokps_regex"], p["error_regexes"])

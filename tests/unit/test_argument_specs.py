@@ -46,8 +46,7 @@ def _tasks(items):
             continue
         yield task
         for key in ("block", "rescue", "always"):
-            for sub in _tasks(task.get(key)):
-                yield sub
+            yield from _tasks(task.get(key))
 
 
 def _included(task, chosen):
@@ -184,8 +183,8 @@ def test_shared_options_are_written_once():
     text = read("meta", "argument_specs.yml")
     described = re.findall(r"^\s+(trainer_[a-z0-9_]+):(?: &\w+)?\n\s+type:", text, re.M)
     assert len(described) == len(set(described)), sorted(n for n in set(described) if described.count(n) > 1)
-    assert len(described) == len(set().union(*(s.get("options", {}) for s in load("meta", "argument_specs.yml")
-                                                   ["argument_specs"].values())))
+    entry_points_ = load("meta", "argument_specs.yml")["argument_specs"].values()
+    assert len(described) == len(set().union(*(s.get("options", {}) for s in entry_points_)))
     assert "<<: *" in text
 
 
@@ -214,3 +213,11 @@ def test_the_checks_can_fail(specs, defaults, used):
     # one written option, one object for every entry point that merges its group
     assert specs["main"]["options"]["trainer_root"] is specs["status"]["options"]["trainer_root"]
     assert specs["main"]["options"]["trainer_gpus"] is specs["rollback"]["options"]["trainer_gpus"]
+
+
+def test_the_proofs_log_pattern_fragment_has_the_roles_defaults(defaults):
+    """plugins/doc_fragments/log_patterns.py documents the modules' pattern defaults: the role's."""
+    from ansible_collections.dflash.trainer.plugins.doc_fragments.log_patterns import ModuleDocFragment
+    options = yaml.safe_load(ModuleDocFragment.DOCUMENTATION)["options"]
+    assert {k: v["default"] for k, v in options.items()} == {
+        k: defaults["trainer_" + k] for k in ("ready_regex", "step_regex", "tokps_regex")}

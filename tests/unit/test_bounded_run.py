@@ -16,8 +16,8 @@ from waiting import poll
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _run
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import NvidiaSmiError, read_gpus
-from ansible_collections.dflash.trainer.plugins.modules import (
-    gpu_drain, gpu_info, trainer_ready, trainer_start, trainer_status)
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, start
+from ansible_collections.dflash.trainer.plugins.modules import gpu_drain, gpu_info, trainer_ready, trainer_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKEGPU_DIR = os.path.join(ROOT, "lab", "fakegpu")
@@ -214,14 +214,14 @@ def test_trainer_status_reports_a_hung_nvidia_smi_as_gpu_error(tmp_path, gpu, ca
     assert_none_left()
 
 
-def test_trainer_start_fails_saying_systemctl_start_hung(tmp_path, capsys, monkeypatch):
+def test_the_start_step_fails_saying_systemctl_start_hung(tmp_path, monkeypatch):
     pids = fake_systemctl(tmp_path, monkeypatch, active="inactive", hang="start")
-    monkeypatch.setattr(trainer_start, "START_TIMEOUT_S", 0.5)
-    out, elapsed = run_module(trainer_start.main, {"unit": "t.service"}, capsys)
-    assert out["failed"] is True
-    assert out["msg"] == ("systemctl start did not answer within 0.5 s; "
-                          "the start job may still be queued (systemctl list-jobs)")
-    assert elapsed <= 0.5 + SLACK_S
+    began = time.monotonic()
+    with pytest.raises(StepFailed) as exc:
+        start(_run.Runner(), "systemctl", "t.service", start_run=_run.Runner(timeout_s=0.5))
+    assert exc.value.msg == ("systemctl start did not answer within 0.5 s; "
+                             "the start job may still be queued (systemctl list-jobs)")
+    assert time.monotonic() - began <= 0.5 + SLACK_S
     hung = pids.read_text().split()
     assert len(hung) == 2
     poll(lambda: none_alive(hung), timeout=2.0, what="hung systemctl gone")

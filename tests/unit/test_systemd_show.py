@@ -110,15 +110,13 @@ def test_restart_baseline(before, after, baseline):
 
 
 # ---------------------------------------------------------------------------------------------
-# trainer_start module against a fake systemctl (show reads a file, start flips it to running)
+# the start step (module_utils/_cycle.start, run by the restart job) against a fake systemctl
+# (show reads a file, start flips it to running)
 
-import json
-import os
 import stat
 
-from ansible.module_utils.testing import patch_module_args
-
-from ansible_collections.dflash.trainer.plugins.modules import trainer_start
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, start
+from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
 
 STOPPED = "ActiveState=inactive\nSubState=dead\nLoadState=loaded\nNRestarts=3\nInvocationID=\nNeedDaemonReload=no\n"
 RUNNING = ("ActiveState=active\nSubState=running\nLoadState=loaded\nNRestarts=0\nMainPID=4242\n"
@@ -127,7 +125,7 @@ RUNNING = ("ActiveState=active\nSubState=running\nLoadState=loaded\nNRestarts=0\
 
 
 @pytest.fixture
-def fake_systemctl(tmp_path, monkeypatch):
+def fake_systemctl(tmp_path):
     state = tmp_path / "show.txt"
     running = tmp_path / "running.txt"
     running.write_text(RUNNING)
@@ -135,21 +133,17 @@ def fake_systemctl(tmp_path, monkeypatch):
     script.write_text('#!/bin/sh\necho "$@" >> %s/calls\n'
                       'case "$1" in show) cat %s ;; start) cp %s %s ;; esac\n' % (tmp_path, state, running, state))
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ.get("PATH", "")))
     return state
 
 
-def run_start(args, capsys):
-    with patch_module_args(args):
-        with pytest.raises(SystemExit):
-            trainer_start.main()
-    return json.loads(capsys.readouterr().out)
+def run_start(tmp_path, allow_running=False):
+    return start(Runner(), str(tmp_path / "systemctl"), "t.service", allow_running)
 
 
-def test_trainer_start_starts_and_records(fake_systemctl, capsys, tmp_path):
+def test_start_starts_and_records(fake_systemctl, tmp_path):
     fake_systemctl.write_text(STOPPED)
-    out = run_start({"unit": "t.service"}, capsys)
-    assert out["changed"] is True and out["started"] is True
+    out = run_start(tmp_path)
+    assert out["started"] is True
     assert out["invocation_id"] == "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
     assert out["main_pid"] == 4242
     assert out["n_restarts"] == 0          # 3 before, 0 after: the start reset the counter
@@ -158,26 +152,21 @@ def test_trainer_start_starts_and_records(fake_systemctl, capsys, tmp_path):
     assert (tmp_path / "calls").read_text().splitlines()[1:3] == ["reset-failed t.service", "start t.service"]
 
 
-def test_trainer_start_check_mode_does_not_start(fake_systemctl, capsys, tmp_path):
-    fake_systemctl.write_text(STOPPED)
-    out = run_start({"unit": "t.service", "_ansible_check_mode": True}, capsys)
-    assert out["changed"] is True and out["started"] is False
-    assert "start" not in [c.split()[0] for c in (tmp_path / "calls").read_text().splitlines()]
-
-
-@pytest.mark.parametrize("show,args,expected", [
-    (RUNNING, {}, "unit t.service is already active; stop it first"),
-    (STOPPED.replace("NeedDaemonReload=no", "NeedDaemonReload=yes"), {},
+@pytest.mark.parametrize("show,expected", [
+    (RUNNING, "unit t.service is already active; stop it first"),
+    (STOPPED.replace("NeedDaemonReload=no", "NeedDaemonReload=yes"),
      "unit t.service: unit file changed on disk; daemon-reload first"),
 ])
-def test_trainer_start_refuses(fake_systemctl, capsys, show, args, expected):
+def test_start_refuses(fake_systemctl, tmp_path, show, expected):
     fake_systemctl.write_text(show)
-    out = run_start(dict({"unit": "t.service"}, **args), capsys)
-    assert out["failed"] and out["msg"] == expected
+    with pytest.raises(StepFailed) as exc:
+        run_start(tmp_path)
+    assert exc.value.msg == expected
+    assert "start t.service" not in (tmp_path / "calls").read_text().splitlines()
 
 
-def test_trainer_start_allow_running_keeps(fake_systemctl, capsys):
+def test_start_allow_running_keeps(fake_systemctl, tmp_path):
     fake_systemctl.write_text(RUNNING)
-    out = run_start({"unit": "t.service", "allow_running": True}, capsys)
-    assert out["changed"] is False and out["started"] is False
+    out = run_start(tmp_path, allow_running=True)
+    assert out["started"] is False
     assert out["invocation_id"] == "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
