@@ -22,7 +22,8 @@ One cache file per source tree (the sha256 of its absolute path names it) under
 $XDG_CACHE_HOME/dflash-trainer/release-hashes (~/.cache/... by default), holding exactly the files
 of that tree's last scan; written atomically (temp file + rename), so concurrent forks deploying
 the same tree only overwrite each other with valid entries. A cache that cannot be read or written
-is ignored: the scan hashes as if there were none.
+is ignored: the scan hashes as if there were none. Cache files not used for PRUNE_AFTER_S (the
+temporary trees of tests, a checkout moved away) are removed by the next save that writes.
 """
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release import fil
 
 CACHE_VERSION = 1
 RACY_NS = 3 * 10 ** 9
+# cache files of trees not deployed for this long are removed (by a save that writes); a deploy
+# that only reads its cache refreshes the file's mtime once a day
+PRUNE_AFTER_S = 30 * 86400
+TOUCH_AFTER_S = 86400
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -137,6 +142,7 @@ class HashCache(object):
         """Write this run's entries (only the files scanned now) atomically; nothing when they
         are what the file already holds. Returns True when the file was written."""
         if self._new == self._old:
+            self._touch()
             return False
         directory = os.path.dirname(self.path)
         tmp = None
@@ -157,4 +163,33 @@ class HashCache(object):
                 except OSError:
                     pass
         self._old = dict(self._new)
+        self._prune(directory)
         return True
+
+    def _now_s(self):
+        return self._now_ns() / 1e9
+
+    def _touch(self):
+        """Keep an unchanged cache file from looking unused (see PRUNE_AFTER_S)."""
+        try:
+            if self._now_s() - os.stat(self.path).st_mtime > TOUCH_AFTER_S:
+                os.utime(self.path)
+        except OSError:
+            pass
+
+    def _prune(self, directory):
+        """Remove the cache files of other trees not used for PRUNE_AFTER_S."""
+        limit = self._now_s() - PRUNE_AFTER_S
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(directory, name)
+            if not name.endswith(".json") or path == self.path:
+                continue
+            try:
+                if os.lstat(path).st_mtime < limit:
+                    os.unlink(path)
+            except OSError:
+                pass

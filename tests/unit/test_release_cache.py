@@ -164,3 +164,29 @@ def test_default_cache_dir_follows_xdg():
     assert rc.default_cache_dir({"XDG_CACHE_HOME": "/c"}) == "/c/dflash-trainer/release-hashes"
     assert rc.default_cache_dir({}) == os.path.join(os.path.expanduser("~"), ".cache", "dflash-trainer",
                                                     "release-hashes")
+
+
+def test_unused_cache_files_of_other_trees_are_pruned_by_a_save(tmp_path):
+    src, cdir = tree(tmp_path), tmp_path / "cache"
+    scan(src, cdir)
+    old, recent = cdir / "release-hashes-old.json", cdir / "recent.json"
+    path = rc.cache_path(str(src), str(cdir))
+    for other in (old, recent):
+        other.write_text("{}")
+    now = os.stat(path).st_mtime
+    os.utime(old, (now - rc.PRUNE_AFTER_S - 60,) * 2)
+    os.utime(recent, (now - rc.PRUNE_AFTER_S + 3600,) * 2)
+    (src / "trainer.py").write_text("print('step=2')\n")  # a change: the save writes, then prunes
+    _s, cache, _h = scan(src, cdir, now_ns=lambda: int(now * 1e9) + rc.RACY_NS * 10)
+    assert cache.hashed == 1
+    assert not old.exists() and recent.exists() and os.path.exists(path)
+
+
+def test_a_cache_only_read_is_kept_fresh(tmp_path):
+    src, cdir = tree(tmp_path), tmp_path / "cache"
+    scan(src, cdir)
+    path = rc.cache_path(str(src), str(cdir))
+    week_ago = os.stat(path).st_mtime - 7 * 86400
+    os.utime(path, (week_ago, week_ago))
+    _s, cache, _h = scan(src, cdir)
+    assert cache.hits == 3 and os.stat(path).st_mtime > week_ago + 86400
