@@ -7,7 +7,7 @@ and by the restart job (trainer_restart), which runs the whole cycle, and the ro
 target so that nothing the controller does is load-bearing after the stop.
 
 A step returns its details or raises ``StepFailed`` (message + details). Every command is bounded
-(``_run``); every wait polls a judge (``_readiness``) with an injectable clock and sleep.
+(``_run``); every wait is ``_wait.poll_until`` over a judge (``_readiness``), with an injectable clock and sleep.
 """
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import summarize
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LogFileReader, StartLog
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
+    DONE as WAIT_DONE,
+    TIMEOUT as WAIT_TIMEOUT,
+    done,
+    failed,
+    poll_until,
+    waiting,
+)
 
 # systemctl start waits for the start job: beyond the unit's TimeoutStartSec (90 s by default)
 # something else is stuck (systemd itself, a job queue)
@@ -108,23 +116,36 @@ def drain(run, nvidia_smi, gpus=None, max_mib=1024, consecutive=2, interval_s=1.
           clock=time.monotonic, sleep=time.sleep, tick=None, allowance=None):
     """Poll until every selected GPU is at or below max_mib (+ its ``allowance``: other tenants'
     memory) (DrainJudge) -> details."""
-    start = clock()
-    judge = DrainJudge(max_mib=max_mib, consecutive=consecutive, timeout_s=timeout_s, gpus=gpus, start=start,
+    # the judge counts from the wait's start (elapsed seconds: start 0), the deadline is the waiter's
+    judge = DrainJudge(max_mib=max_mib, consecutive=consecutive, timeout_s=timeout_s, gpus=gpus, start=0.0,
                        allowance=allowance)
-    while True:
+
+    def observe():
         try:
             # the process list only names holders in the failure message; memory decides
-            listed, _warnings = read_gpus(run, nvidia_smi)
+            return read_gpus(run, nvidia_smi)[0]
         except NvidiaSmiError as exc:
             raise StepFailed(str(exc), samples=judge.samples)
-        verdict = judge.observe(clock(), listed)
+
+    def judge_drain(listed, elapsed):
+        verdict = judge.observe(elapsed, listed)
         if verdict.state == READY:
-            return dict(verdict.details)
+            return done(verdict.details)
         if verdict.state == FAILED:
-            raise StepFailed(verdict.reason, **verdict.details)
-        if tick:
-            tick(waiting="%s (%s s of %s)" % (verdict.reason, fmt_s(clock() - start), fmt_s(timeout_s)))
-        sleep(judge.next_wait(clock(), interval_s))
+            return failed(verdict.reason, verdict.details)
+        return waiting("%s (%s s of %s)" % (verdict.reason, fmt_s(elapsed), fmt_s(timeout_s)), verdict.details)
+
+    out = poll_until(observe, judge_drain, timeout_s, interval_s, clock=clock, sleep=sleep, on_wait=_ticker(tick))
+    if out.state == WAIT_DONE:
+        return dict(out.value)
+    raise StepFailed(out.words, **(out.value or {}))
+
+
+def _ticker(tick):
+    """on_wait for poll_until: tell ``tick`` what the step still waits for."""
+    if tick is None:
+        return None
+    return lambda verdict, _elapsed: tick(waiting=verdict.words)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,17 +283,16 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
                         error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes)
-    marks = []
-    measuring_until = [None]
+    marks = []  # (elapsed, counts) per poll: the measurement window's start
     reader = LogFileReader(log_path, follower)
-    judge = Judge(expect, start=clock())
+    # the Judge counts from the wait's start (elapsed seconds, start 0): its deadline is the waiter's
+    judge = Judge(expect, start=0.0)
     show_cmd = show_argv(unit, systemctl=systemctl)
+    extra_s = max(0.0, (measure_s or 0) - expect.hold_s)
+    found = {"proof": None, "until": None}  # the proof once READY; the end of the measurement (elapsed)
 
-    def observe(props, gpus):
-        return judge.observe(Snapshot(now=clock(), unit=props, gpus_mib=ours(memory_by_index(gpus), baseline),
-                                      log=follower.analysis))
-
-    while True:
+    def observe():
+        """-> (unit properties, GPUs, why the log cannot prove this start or None)."""
         # unit first, log last: the log is then at least as fresh as the unit state
         rc, out, err = call(run, show_cmd)
         if rc != 0:
@@ -288,54 +308,75 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
             raise StepFailed("Unable to read log %s: %s" % (log_path, exc))
         if not is_running(props):
             follower.finish()  # the process is gone: a last line without newline is final
-        verdict = observe(props, gpus)
-        marks.append((clock(), _counts(follower.analysis)))
+        # a log that lost this start's marker (truncated or replaced by something else, and no
+        # continuation marker from the launcher) cannot prove it
+        return props, gpus, reader.problem(clock(), LOG_LOST_GRACE_S)
+
+    def snapshot(props, gpus, elapsed):
+        return Snapshot(now=elapsed, unit=props, gpus_mib=ours(memory_by_index(gpus), baseline),
+                        log=follower.analysis)
+
+    def judge_proof(observed, elapsed):
+        props, gpus, lost = observed
+        verdict = judge.observe(snapshot(props, gpus, elapsed))
+        marks.append((elapsed, _counts(follower.analysis)))
         if verdict.state == READY:
-            if measuring_until[0] is None:
+            if found["until"] is None:
                 proof = dict(verdict.details, msg=verdict.reason)
                 if baseline and any(baseline.values()):
                     proof["baseline_mib"] = {i: m for i, m in baseline.items() if m}
                     proof["baseline_words"] = ", ".join(
                         "GPU %s %s MiB" % (i, m) for i, m in sorted(proof["baseline_mib"].items()))
-                measuring_until[0] = clock() + max(0.0, (measure_s or 0) - expect.hold_s)
-            if clock() >= measuring_until[0]:
+                found.update(proof=proof, until=elapsed + extra_s)
+            if elapsed >= found["until"]:
                 window = float(measure_s or expect.hold_s)
-                proof["figures"] = measured(follower.analysis, marks, clock(), window)
-                return proof
-        if verdict.state == FAILED and is_running(props) and follower.analysis.errors:
-            # give the process a moment to exit so the verdict carries its exit status
-            deadline = clock() + ERROR_EXIT_GRACE_S
-            while clock() < deadline:
-                sleep(0.1)
-                rc, out, _err = call(run, show_cmd)
-                later = parse_show(out) if rc == 0 else {}
-                if later and not is_running(later):
-                    reader.poll()
-                    follower.finish()
-                    verdict = observe(later, gpus)
-                    break
+                return done(dict(found["proof"], figures=measured(follower.analysis, marks, elapsed, window)))
         if verdict.state == FAILED:
-            details = dict(verdict.details)
-            tail = details.get("log_tail") or []
-            details.pop("reason", None)
-            reason = verdict.reason
-            if measuring_until[0] is not None:
-                reason = "after it was proved ready, during the throughput measurement: " + reason
-            raise StepFailed(failure_msg(reason, tail, expect.tail_lines), ready=False,
-                             reason=reason, **details)
-        # still pending: a log that lost this start's marker (truncated or replaced by something
-        # else, and no continuation marker from the launcher) cannot prove it; say so now
-        lost = reader.problem(clock(), LOG_LOST_GRACE_S)
+            return failed(verdict.reason, verdict)
         if lost:
-            raise StepFailed(failure_msg(lost, [], expect.tail_lines), ready=False, reason=lost, log_tail=[])
-        if tick:
-            tick(waiting=("measuring throughput" if measuring_until[0] is not None else
-                          "waiting for: %s (%s s of %s)" % (verdict.reason, fmt_s(clock() - judge.start),
-                                                            fmt_s(expect.timeout_s))))
-        if measuring_until[0] is not None:  # measuring after READY: the proof's deadline no longer applies
-            sleep(max(0.0, min(interval_s, measuring_until[0] - clock())))
-        else:
-            sleep(judge.next_wait(clock(), interval_s))
+            return failed(lost)
+        if found["until"] is not None:  # measuring after READY: the proof's deadline no longer applies
+            return waiting("measuring throughput", wake_at=found["until"],
+                           deadline=max(expect.timeout_s, found["until"]))
+        return waiting("waiting for: %s (%s s of %s)" % (verdict.reason, fmt_s(elapsed), fmt_s(expect.timeout_s)),
+                       wake_at=judge.deadline)
+
+    out = poll_until(observe, judge_proof, expect.timeout_s, interval_s, clock=clock, sleep=sleep,
+                     on_wait=_ticker(tick))
+    if out.state == WAIT_DONE:
+        return out.value
+    verdict = out.value
+    if verdict is None:  # the log lost this start (the Judge decides at its deadline: never a timeout)
+        reason = out.words if out.state != WAIT_TIMEOUT else "not ready after %s s: %s" % (
+            fmt_s(expect.timeout_s), out.words)
+        raise StepFailed(failure_msg(reason, [], expect.tail_lines), ready=False, reason=reason, log_tail=[])
+    props, gpus, _lost = out.snapshot
+    if is_running(props) and follower.analysis.errors:
+        # give the process a moment to exit so the verdict carries its exit status
+        exited = poll_until(lambda: _show_soft(run, show_cmd), _exited, ERROR_EXIT_GRACE_S, 0.1,
+                            clock=clock, sleep=sleep, first={})
+        if exited.state == WAIT_DONE:
+            reader.poll()
+            follower.finish()
+            verdict = judge.observe(snapshot(exited.value, gpus, out.elapsed + exited.elapsed))
+    details = dict(verdict.details)
+    tail = details.get("log_tail") or []
+    details.pop("reason", None)
+    reason = verdict.reason
+    if found["until"] is not None:
+        reason = "after it was proved ready, during the throughput measurement: " + reason
+    raise StepFailed(failure_msg(reason, tail, expect.tail_lines), ready=False, reason=reason, **details)
+
+
+def _show_soft(run, show_cmd):
+    """The unit's properties, {} when systemctl show fails (a hang still raises StepFailed)."""
+    rc, out, _err = call(run, show_cmd)
+    return parse_show(out) if rc == 0 else {}
+
+
+def _exited(props, _elapsed):
+    """Judge: the process has exited (its properties say so)."""
+    return done(props) if props and not is_running(props) else waiting("the process to exit")
 
 
 def expectations(invocation_id, n_restarts, p):

@@ -35,6 +35,10 @@ import shutil
 import threading
 import time
 
+# imported here, never inside a function: the detached restart job runs after Ansible removed the
+# module's payload, so a late import fails
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import done, poll_until, waiting
+
 TAKE, KEEP, REFUSE, STALE = "take", "keep", "refuse", "stale"
 RELEASE, NONE, NOT_OURS, ERROR = "release", "none", "not_ours", "error"
 
@@ -245,10 +249,24 @@ def _move_aside_if(path, expected_text):
     return True, aside
 
 
+def _try_flock(fd):
+    """One attempt at flock(LOCK_EX) without blocking -> whether we hold it now."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _flocked(held, _elapsed):
+    """Judge of a flock attempt."""
+    return done() if held else waiting("the lock guard")
+
+
 @contextlib.contextmanager
-def guard(path, wait_s=None, clock=time.monotonic):
-    """Hold flock on ``<path>.guard`` (polled, at most wait_s). Raises OSError (EAGAIN) when
-    it stays busy. The file is never removed; if someone removes it anyway, a holder notices
+def guard(path, wait_s=None, clock=time.monotonic, sleep=time.sleep):
+    """Hold flock on ``<path>.guard`` (polled every 5 ms, at most wait_s). Raises OSError (EAGAIN)
+    when it stays busy. The file is never removed; if someone removes it anyway, a holder notices
     that its file is no longer the one at the path and takes the new one."""
     name = path + ".guard"
     wait_s = GUARD_WAIT_S if wait_s is None else wait_s
@@ -256,14 +274,9 @@ def guard(path, wait_s=None, clock=time.monotonic):
     while True:
         fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # a planted symlink: refused (ELOOP)
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if clock() > deadline:
-                        raise OSError(errno.EAGAIN, "lock guard %s still busy after %g s" % (name, wait_s))
-                    time.sleep(0.005)
+            # one deadline for every attempt (a guard file replaced meanwhile is opened again)
+            if not poll_until(lambda: _try_flock(fd), _flocked, deadline - clock(), 0.005, clock=clock, sleep=sleep).ok:
+                raise OSError(errno.EAGAIN, "lock guard %s still busy after %g s" % (name, wait_s))
             try:
                 same = os.fstat(fd).st_ino == os.stat(name).st_ino
             except FileNotFoundError:
@@ -323,13 +336,15 @@ def acquire(path, token, owner, stale_s, clock=time.time, lease_s=None, mono_clo
 
 def acquire_waiting(path, token, owner, stale_s, lease_s=None, wait_s=0, clock=time.time,
                     monotonic=time.monotonic, sleep=time.sleep):
-    """acquire(), tried again while a live holder refuses us, for up to ``wait_s`` seconds."""
-    deadline = monotonic() + max(wait_s or 0, 0)
-    while True:
-        out = acquire(path, token, owner, stale_s, clock=clock, lease_s=lease_s, mono_clock=monotonic)
-        if out.ok or out.action != REFUSE or monotonic() >= deadline:
-            return out
-        sleep(min(1.0, max(deadline - monotonic(), 0.05)))
+    """acquire(), tried again every second while a live holder refuses us, for up to ``wait_s`` seconds."""
+    out = poll_until(lambda: acquire(path, token, owner, stale_s, clock=clock, lease_s=lease_s, mono_clock=monotonic),
+                     _not_refused, wait_s or 0, 1.0, clock=monotonic, sleep=sleep)
+    return out.snapshot
+
+
+def _not_refused(out, _elapsed):
+    """Judge of an acquire() Outcome: anything but a refusal ends the wait."""
+    return waiting(out.msg) if not out.ok and out.action == REFUSE else done(out)
 
 
 def _acquire(path, token, owner, stale_s, clock, lease_s, mono_clock=time.monotonic):

@@ -287,7 +287,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._throughput import 
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
 
 
-
 class Steps(object):
     """The cycle's steps, bound to this module's parameters."""
 

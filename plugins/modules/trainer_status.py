@@ -372,6 +372,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     show_argv,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog, read_start
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import done, poll_until, waiting
 
 RELEASE_VAR = "DFLASH_RELEASE"
 
@@ -431,13 +432,21 @@ def read_log_chunk(p, unit_invocation, clock=time.monotonic, sleep=time.sleep):
         return dict(invocation=None, release=None, lines=[], offset=0, inode=None, ended=False, found=False,
                     problem="no start of the trainer recorded in %s" % p["log_path"])
     following = p["log_offset"] is not None
-    deadline = clock() + (max(p["log_wait_s"] or 0, 0) if following else 0)
-    chunk = read_log_lines(p["log_path"], invocation, lines=p["log_lines"], offset=p["log_offset"],
-                           inode=p["log_inode"])
-    while following and not chunk.lines and not chunk.ended and clock() < deadline:
-        sleep(0.25)
-        chunk = read_log_lines(p["log_path"], invocation, offset=chunk.offset, inode=chunk.inode)
-    return chunk.as_dict()
+    read = [dict(lines=p["log_lines"], offset=p["log_offset"], inode=p["log_inode"])]
+
+    def observe():
+        chunk = read_log_lines(p["log_path"], invocation, **read[0])
+        read[0] = dict(offset=chunk.offset, inode=chunk.inode)  # the next read goes on from here
+        return chunk
+
+    out = poll_until(observe, log_arrived, max(p["log_wait_s"] or 0, 0) if following else 0, 0.25,
+                     clock=clock, sleep=sleep)
+    return out.snapshot.as_dict()
+
+
+def log_arrived(chunk, _elapsed):
+    """Judge of a log chunk: lines came, or this start's log ended."""
+    return done(chunk) if chunk.lines or chunk.ended else waiting("lines of the trainer's log")
 
 
 def main():
@@ -615,31 +624,54 @@ def running_job(record, state_path):
 
 
 def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
-    """Wait (bounded) until the restart job ``job`` has ended -> words for what it did."""
-    deadline = clock() + max(wait_s, 0)
-    state = job
-    while clock() < deadline:
-        state = read_state(state_path) or {}
-        if state.get("job_id") != job.get("job_id") or state.get("done") or not job_alive(state):
-            break
-        sleep(0.5)
-    return "waited for %s" % outcome_words(state)
+    """Wait (bounded) until the restart job ``job`` (its state, found running) has ended -> words
+    for what it did."""
+    out = poll_until(lambda: observe_job(state_path), job_over(job.get("job_id")), wait_s, 0.5,
+                     clock=clock, sleep=sleep, first=(job, True))
+    return "waited for %s" % outcome_words(out.snapshot[0])
+
+
+def observe_job(state_path):
+    """-> (the job state on record ({} when none), whether its job still runs)."""
+    state = read_state(state_path) or {}
+    return state, job_alive(state)
+
+
+def job_over(job_id):
+    """Judge of (state, alive): the job ``job_id`` ended (done, died, or another job on record)."""
+    def judge(observed, _elapsed):
+        state, alive = observed
+        if state.get("job_id") != job_id or state.get("done") or not alive:
+            return done(state)
+        return waiting("restart job %s to end" % job_id)
+    return judge
 
 
 def watch(read, props, watch_s, clock=time.monotonic, sleep=time.sleep, interval_s=1.0):
     """Read the unit (``read()`` -> (rc, out, err) of systemctl show) every ``interval_s`` until
     ``watch_s`` passed or this start ended (not running, or another InvocationID) -> (props, seconds)."""
-    start = clock()
-    invocation = props.get("InvocationID", "")
-    while clock() - start < watch_s:
-        sleep(min(interval_s, max(0.0, watch_s - (clock() - start))))
+    seen = [props]
+
+    def observe():
         rc, out, _err = read()
-        if rc != 0:
-            break
-        props = parse_show(out)
-        if not is_running(props) or props.get("InvocationID", "") != invocation:
-            break
-    return props, round(clock() - start, 1)
+        if rc == 0:
+            seen[0] = parse_show(out)
+        return rc == 0, seen[0]
+
+    out = poll_until(observe, start_ended(props.get("InvocationID", "")), watch_s, interval_s,
+                     clock=clock, sleep=sleep, first=(True, props))
+    return out.snapshot[1], round(out.elapsed, 1)
+
+
+def start_ended(invocation):
+    """Judge of (readable, unit properties): this start ended (not running, or another
+    InvocationID), or the unit can no longer be read."""
+    def judge(observed, _elapsed):
+        readable, props = observed
+        if not readable or not is_running(props) or props.get("InvocationID", "") != invocation:
+            return done(props)
+        return waiting("this start to end")
+    return judge
 
 
 def ownership_problems(owned):

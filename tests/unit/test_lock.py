@@ -2,6 +2,7 @@
 and the module in-process."""
 import errno
 import fcntl
+import functools
 import json
 import multiprocessing
 import os
@@ -15,6 +16,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._lock import (
     ERROR, KEEP, NONE, NOT_OURS, REFUSE, RELEASE, STALE, TAKE, acquire, decide, owner_record,
     parse_record, peek, read_lock, refusal_message, release)
 from ansible_collections.dflash.trainer.plugins.modules import trainer_lock
+from waiting import poll
 
 NOW = 1_000_000.0
 HOUR = 3600
@@ -202,12 +204,17 @@ def test_release_io_error_is_reported_not_done(lock, monkeypatch):
 
 def test_busy_guard_is_an_error_not_a_hang(lock, monkeypatch):
     monkeypatch.setattr(_lock, "GUARD_WAIT_S", 0.2)
+    now, slept = [0.0], []
+
+    def sleep(s):  # a fake clock: the wait ends at its deadline, never on the wall clock
+        slept.append(s)
+        now[0] += s
+    monkeypatch.setattr(_lock, "guard", functools.partial(_lock.guard, clock=lambda: now[0], sleep=sleep))
     with open(lock + ".guard", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        start = time.monotonic()
         out = acquire(lock, "t1", "alice", HOUR)
-        assert time.monotonic() - start < 2.0
     assert out.action == ERROR and "still busy after 0.2 s" in out.msg
+    assert now[0] == pytest.approx(0.2) and max(slept) == pytest.approx(0.005)
     assert acquire(lock, "t1", "alice", HOUR).action == TAKE  # free again
 
 
@@ -357,18 +364,14 @@ def test_the_lease_keeper_renews_while_work_runs_and_notices_a_loss(tmp_path):
         return lk.heartbeat(p, token, lease_s, **extra)
 
     with lk.LeaseKeeper(path, "a", 30, every_s=0.01, renew_fn=renew, job="j1") as keeper:
-        deadline = __import__("time").monotonic() + 5
-        while len(calls) < 3 and __import__("time").monotonic() < deadline:
-            __import__("time").sleep(0.01)
-        assert len(calls) >= 3 and calls[0] == {"job": "j1"}
+        poll(lambda: len(calls) >= 3, timeout=5, what="three renewals")
+        assert calls[0] == {"job": "j1"}
         keeper.check()  # still ours
         assert lk.read_lock(path)[0]["job"] == "j1"
         # someone takes the lock over (our lease was judged over)
         lk.release(path, "a")
         assert lk.acquire(path, "b", "bob", 3600, lease_s=30).ok
-        deadline = __import__("time").monotonic() + 5
-        while keeper.lost is None and __import__("time").monotonic() < deadline:
-            __import__("time").sleep(0.01)
+        poll(lambda: keeper.lost is not None, timeout=5, what="the keeper noticing the loss")
         try:
             keeper.check()
             raise AssertionError("check() did not raise")
