@@ -87,8 +87,8 @@ def test_a_preflight_longer_than_the_lease_keeps_the_lock(lab, inv):
 
 def test_a_run_attaches_to_the_job_of_a_killed_play(lab, inv):
     inv_path, base = inv
-    a = play(inv_path, base, "a", "long-job", {"trainer_force_restart": True, "trainer_ready_hold_s": 8,
-                                              "trainer_ready_stall_s": 4})
+    a = play(inv_path, base, "a", "long-job",
+             {"trainer_force_restart": True, "trainer_ready_hold_s": 8, "trainer_ready_stall_s": 4})
     assert wait_for(lambda: job_state(lab, CT).get("phase") == "proving" and not job_state(lab, CT).get("done"),
                     timeout=120)
     job_id = job_state(lab, CT)["job_id"]

@@ -246,13 +246,15 @@ def test_a_step_regex_that_reads_nothing_fails_within_the_stall_window_naming_it
 
 
 def test_the_default_step_regex_is_named_by_what_it_reads():
-    lines = lambda now: ["update %d | 21.5K tok/s" % int(now)] if now >= 1 else []  # noqa: E731
+    def lines(now):
+        return ["update %d | 21.5K tok/s" % int(now)] if now >= 1 else []
     _t, v = _run(lines, _expect())
     assert "trainer_step_regex (the default: step, global_step, iter" in v.reason and "matched nothing" in v.reason
 
 
 def test_a_step_regex_that_reads_no_whole_number_says_so():
-    lines = lambda now: ["step=%d.5 tok/s=3" % int(now)] if now >= 1 else []  # noqa: E731
+    def lines(now):
+        return ["step=%d.5 tok/s=3" % int(now)] if now >= 1 else []
     _t, v = _run(lines, _expect(), step_regex=r"step=(\S+)")
     assert "read no whole step number (step: '1.5' is not a whole number in line 'step=1.5 tok/s=3')" in v.reason
 
@@ -260,7 +262,8 @@ def test_a_step_regex_that_reads_no_whole_number_says_so():
 def test_a_silent_log_after_the_ready_line_waits_for_the_deadline():
     """A trainer that printed one throughput line and is compiling: the log does not grow, so the
     step regex is not blamed; the deadline judges."""
-    lines = lambda now: ["warmup 21.5K tok/s"] if now == 1 else []  # noqa: E731
+    def lines(now):
+        return ["warmup 21.5K tok/s"] if now == 1 else []
     t_fail, v = _run(lines, _expect(timeout_s=60.0))
     assert t_fail == 60 and v.reason.startswith("not ready after 60 s") and "no step values" in v.reason
 
@@ -281,13 +284,15 @@ def test_a_step_that_goes_back_is_named_a_restart_inside():
 
 
 def test_the_stand_in_trainers_format_is_still_proved():
-    lines = lambda now: ["step=%d loss=2.1 tok/s=41250.3 queue_target=9 queue_drafter=2" % (now + 1)]  # noqa: E731
+    def lines(now):
+        return ["step=%d loss=2.1 tok/s=41250.3 queue_target=9 queue_drafter=2" % (now + 1)]
     _t, v = _run(lines, _expect())
     assert v.state == rd.READY and v.details["tok_s"] == 41250.3 and "figure_problems" not in v.details
 
 
 def test_figure_problems_reach_the_proof():
-    lines = lambda now: ["step=%d tok/s=12.4K" % (now + 1)]  # noqa: E731
+    def lines(now):
+        return ["step=%d tok/s=12.4K" % (now + 1)]
     follower_regex = OLD_TOKPS_REGEX
     follower = tl.StartLog(INV, tokps_regex=follower_regex)
     follower.feed(tl.marker_line(INV, "r", 1, "t") + "\n")
