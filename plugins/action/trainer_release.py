@@ -26,6 +26,7 @@ import os
 import shlex
 import tempfile
 import threading
+import time
 
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native, to_text
@@ -99,6 +100,7 @@ class ActionModule(ActionBase):
         excludes = [to_text(x) for x in excludes]
 
         # Everything that can fail on the controller fails here, before the target is touched.
+        started = time.monotonic()
         try:
             src_path = self._resolve_src(to_text(src))
             cache = HashCache.for_tree(src_path)
@@ -110,8 +112,8 @@ class ActionModule(ActionBase):
             display.vvv("trainer_release: hash cache: %s" % cache.error)
 
         display.vvv("trainer_release: %s -> release %s (%d files, %d bytes; %d files hashed, %d bytes, %d from the "
-                    "hash cache %s)" % (src_path, scan.release_id, scan.file_count, scan.bytes, cache.hashed,
-                                        cache.hashed_bytes, cache.hits, cache.path))
+                    "hash cache %s; %.2f s)" % (src_path, scan.release_id, scan.file_count, scan.bytes, cache.hashed,
+                                                cache.hashed_bytes, cache.hits, cache.path, time.monotonic() - started))
         module_args = dict(args, state="present", release=scan.release_id)
         tree = dict(src=src_path, file_count=scan.file_count, bytes=scan.bytes, hashed_files=cache.hashed)
 
@@ -277,6 +279,7 @@ class ActionModule(ActionBase):
                 self._unblock(fifo)
 
         thread = threading.Thread(target=sender, name="trainer_release-put", daemon=True)
+        started = time.monotonic()
         thread.start()
         answer = None
         try:
@@ -303,8 +306,8 @@ class ActionModule(ActionBase):
             display.warning("trainer_release: a file of %s changed while release %s was sent; the target "
                             "received the content the release id names (checked) and installed it"
                             % (src_path, scan.release_id))
-        display.vvv("trainer_release: streamed %s, %d bytes, into the module through %s"
-                    % (what, tree["archive_bytes"], fifo))
+        display.vvv("trainer_release: streamed %s, %d bytes, into the module through %s (%.2f s)"
+                    % (what, tree["archive_bytes"], fifo, time.monotonic() - started))
         return answer
 
     def _unblock(self, fifo):

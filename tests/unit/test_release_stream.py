@@ -328,3 +328,14 @@ def test_put_stream_over_the_pct_connection(tmp_path):
     assert conn.put_stream(io.BytesIO(b"abc"), fifo) is None  # a fifo's reader checks what it got
     reader.join(GUARD_S)
     assert reader_box["data"] == b"abc"
+
+
+def test_forward_reader_serves_the_peeked_magic_and_never_seeks_back():
+    reader = rel._ForwardReader(io.BytesIO(b"abcdefghij"))
+    assert not reader.gzipped
+    assert reader.read(1) == b"a" and reader.read(3) == b"bcd" and reader.tell() == 4
+    assert reader.seek(6) == 6 and reader.read(2) == b"gh"
+    assert reader.seek(1, 1) == 9 and reader.read() == b"j"
+    with pytest.raises(io.UnsupportedOperation, match="cannot seek back"):
+        reader.seek(2)
+    assert rel._ForwardReader(io.BytesIO(rel.GZIP_MAGIC + b"x")).gzipped
