@@ -41,7 +41,7 @@ def plugin_names():
 
 @pytest.mark.parametrize("doc", DOCS, ids=[os.path.relpath(d, ROOT) for d in DOCS])
 def test_every_fqcn_in_the_docs_exists(doc):
-    missing = sorted({m for m in re.findall(r"\bdflash\.trainer\.([a-z_][a-z0-9_]*)", text(doc))} - plugin_names())
+    missing = sorted(set(re.findall(r"\bdflash\.trainer\.([a-z_][a-z0-9_]*)", text(doc))) - plugin_names())
     assert missing == [], "%s names dflash.trainer.%s, which the collection does not have" % (doc, missing)
 
 
