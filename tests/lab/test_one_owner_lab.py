@@ -105,6 +105,26 @@ def test_a_run_attaches_to_the_job_of_a_killed_play(lab, inv):
     assert time.monotonic() - began < 60
 
 
+def test_a_deploy_racing_a_live_plays_job_waits_for_it_and_both_succeed(lab, inv):
+    """B starts while A's restart job runs (A alive, watching): B attaches to the job, A reports its
+    proof, the job releases the lock, B takes it and finds nothing to restart; A never releases
+    the lock B holds by then."""
+    inv_path, base = inv
+    a = play(inv_path, base, "a", "racing-job", {"trainer_force_restart": True, "trainer_ready_hold_s": 8,
+                                                 "trainer_ready_stall_s": 4})
+    assert wait_for(lambda: job_state(lab, CT).get("phase") in ("stopping", "draining", "purging", "starting",
+                                                                 "proving") and not job_state(lab, CT).get("done"),
+                    timeout=120)
+    job_id = job_state(lab, CT)["job_id"]
+    b = play(inv_path, base, "a", "racer-b", {})
+    out_a = a.communicate(timeout=300)[0]
+    out_b = b.communicate(timeout=300)[0]
+    assert a.returncode == 0 and "ready: release" in out_a, out_a[-3000:]
+    assert b.returncode == 0, out_b[-3000:]
+    assert "waited for restart job %s" % job_id in out_b and "left running" in out_b, out_b[-3000:]
+    assert lab.ct(CT, "test", "-e", "/run/dflash-trainer.deploy.lock").returncode != 0  # both released
+
+
 def test_a_reboot_after_the_switch_is_proved_by_the_next_deploy(lab, inv, tmp_path):
     inv_path, base = inv
     src = tmp_path / "v2"
