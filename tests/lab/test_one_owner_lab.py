@@ -112,8 +112,8 @@ def test_a_deploy_racing_a_live_plays_job_waits_for_it_and_both_succeed(lab, inv
     inv_path, base = inv
     a = play(inv_path, base, "a", "racing-job", {"trainer_force_restart": True, "trainer_ready_hold_s": 8,
                                                  "trainer_ready_stall_s": 4})
-    assert wait_for(lambda: job_state(lab, CT).get("phase") in ("stopping", "draining", "purging", "starting",
-                                                                 "proving") and not job_state(lab, CT).get("done"),
+    busy = ("stopping", "draining", "purging", "starting", "proving")
+    assert wait_for(lambda: job_state(lab, CT).get("phase") in busy and not job_state(lab, CT).get("done"),
                     timeout=120)
     job_id = job_state(lab, CT)["job_id"]
     b = play(inv_path, base, "a", "racer-b", {})
