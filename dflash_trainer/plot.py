@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
+from dflash_trainer.results import _float  # one reading of a ledger number for the table and the chart
+
 __all__ = ["PlotUnavailable", "Point", "FORMATS", "chart_format", "points", "previous_good", "short_source",
            "point_label", "sparkline", "sparkline_line", "require_matplotlib", "figure", "render"]
 
@@ -61,15 +63,6 @@ def chart_format(path: str) -> str:
         raise ValueError("--plot %s: the chart's format comes from the extension, one of %s"
                          % (path, ", ".join(sorted(FORMATS))))
     return FORMATS[ext]
-
-
-def _float(value) -> Optional[float]:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _at(text) -> Optional[datetime.datetime]:

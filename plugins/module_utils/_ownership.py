@@ -100,6 +100,7 @@ _HOME_CACHE_RE = re.compile(r"^(/root|/home/[^/]+)/\.cache/")
 
 
 def within(path, parent):
+    """True when ``path`` is ``parent`` or lies below it (both normalised absolute paths)."""
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 

@@ -24,7 +24,7 @@ import stat
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import placement_problem
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import placement_problem, within
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
 
 ENTRIES = ("main", "restart", "rollback", "status")
@@ -126,6 +126,12 @@ def _show(value):
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def has_control(text):
+    """A control character (newline, tab, NUL, DEL, ...): never in a value that reaches a unit file,
+    an environment file or argv."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -147,11 +153,6 @@ def _number(value):
     if isinstance(value, str) and _DECIMAL_RE.match(value):
         return int(value) if "." not in value else float(value)
     return None
-
-
-def within(path, parent):
-    """True when ``path`` is ``parent`` or lies below it (both normalised absolute paths)."""
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def path_problem(name, value):
@@ -348,7 +349,7 @@ def _command_problems(v, name="trainer_command", may_be_empty=False):
         word = str(word)
         if i == 0 and not word.strip():
             return [Problem("%s[0]" % name, "is empty", accepted, word)]
-        if any(ord(c) < 32 or ord(c) == 127 for c in word):
+        if has_control(word):
             return [Problem("%s[%d]" % (name, i), "holds a control character (newline, tab, ...)", accepted, word)]
         if len(word) > 4096:
             return [Problem("%s[%d]" % (name, i), "is longer than 4096 characters", accepted, word)]
@@ -381,7 +382,7 @@ def _env_problems(v):
         total += size + len(key) + 4
         if size > ENV_VALUE_MAX:
             problems.append(Problem(label, "is %d bytes long" % size, accepted, secret=True))
-        elif any(ord(c) < 32 or ord(c) == 127 for c in text):
+        elif has_control(text):
             problems.append(Problem(label, "holds a control character (newline, tab, NUL, ...)", accepted, secret=True))
     if total > ENV_TOTAL_MAX and not problems:
         problems.append(Problem(name, "is %d bytes in all" % total, accepted, secret=True))
@@ -556,7 +557,7 @@ def _restart_policy_problems(v):
 def _controls(value, label, depth=0):
     """(label, value) of the first string inside ``value`` holding a control character, or None."""
     if isinstance(value, str):
-        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        if has_control(value):
             return label, value
         return None
     if depth > 8:

@@ -30,6 +30,8 @@ description:
 author:
   - dflash.trainer maintainers (@dflash)
 version_added: 0.2.0
+extends_documentation_fragment:
+  - dflash.trainer.log_patterns
 options:
   state:
     description: V(start) starts the job detached and returns; V(run) runs it in the foreground
@@ -89,33 +91,6 @@ options:
     description: Memory every trainer GPU must hold to be ready (MiB).
     type: int
     default: 1024
-  ready_regex:
-    description: Python regular expression a line of this start's log must match (by default a throughput line).
-    type: str
-    default: 'tok(?:en)?s?/s(?:ec)?\b|tokens? per sec'
-  step_regex:
-    description:
-      - Python regular expression whose first group that takes part in the match is the step counter.
-      - The default reads step, global_step, iter, iteration, it=, batch, [N/M] and tqdm's N/M [.
-    type: str
-    default: >-
-      (?x)(?=[gGsSiIbB\[\d])(?:
-      (?<![A-Za-z_])(?i:global[_ ]step|step|iteration|iter|batch)(?:[ \t]*[=:#])?[ \t]*(?:\[[ \t]*)?
-      (\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)
-      |(?<![A-Za-z_])it[ \t]*[=:][ \t]*(\d+)(?!\w|[.,]\d)
-      |\[\s*(\d+)\s*/\s*\d+\s*\]
-      |(?<![\w./:])(\d+)(?:/\d+|it)\s+\[\d+:\d)
-  tokps_regex:
-    description:
-      - Python regular expression whose first group that takes part in the match is the throughput in tokens per second.
-      - The figure is read as people write it (12.4K, 12,400, 1.2e4) and kept in tok/s.
-    type: str
-    default: >-
-      (?x)(?=[t\d])(?:
-      (?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?:\s*[=:])?\s*
-      ((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
-      |(?<![\w.,])((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
-      \s*(?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?!(?:\s*[=:])?\s*\d))
   error_regexes:
     description: Lines that fail the proof at once.
     type: list
