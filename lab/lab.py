@@ -585,7 +585,17 @@ def wanted_kinds(ids, unprivileged):
     return kinds
 
 
-def up(ids, unprivileged=False):
+def reset(vmid):
+    """Stop container vmid and drop its upper layer: its next start boots the cached rootfs as
+    new (same id, kind, and extra LXC config), with nothing of earlier runs in it."""
+    if lxc_running(vmid):
+        run(["lxc-stop", "-n", vmid, "-k"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for layer in ("upper", "work"):
+        shutil.rmtree(os.path.join(STATE_DIR, "ct", vmid, layer), ignore_errors=True)
+    log("container %s reset" % vmid)
+
+
+def up(ids, unprivileged=False, fresh=False):
     kinds = wanted_kinds(ids, unprivileged)
     ensure_host_packages()
     ensure_sysctls()
@@ -596,6 +606,8 @@ def up(ids, unprivileged=False):
     ensure_operator()
     node.ensure_node_smi(OPERATOR)
     for vmid in ids:
+        if fresh and container_kind(vmid):
+            reset(vmid)
         ensure_container(vmid, kinds[vmid])
     ensure_sshd()
     write_facts(ids)
@@ -811,6 +823,9 @@ def main(argv=None):
             s.add_argument("--unprivileged", action="store_true",
                            help="new containers unprivileged (idmap 0 %d %d), as Proxmox's default; "
                                 "an existing container keeps its kind" % (IDMAP_BASE, IDMAP_COUNT))
+            s.add_argument("--fresh", action="store_true",
+                           help="boot each container as new: stop it and drop everything earlier runs left in it "
+                                "(a test's known start; its kind and extra config stay)")
     sub.add_parser("status")
     a = sub.add_parser("allow", help="containers the operator's pct wrapper may reach")
     a.add_argument("--ids", nargs="+", required=True)
@@ -836,7 +851,7 @@ def main(argv=None):
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
     if args.cmd == "up":
-        up(args.ids or ["200"], args.unprivileged)
+        up(args.ids or ["200"], args.unprivileged, args.fresh)
     elif args.cmd == "down":
         down(args.ids or lab_ids(), args.purge)
     elif args.cmd == "allow":

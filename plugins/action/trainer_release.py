@@ -68,7 +68,7 @@ class ActionModule(ActionBase):
     # The remote tmp dir is only needed to upload an archive; it is made lazily (_make_tmp_path)
     # then, so that a no-op release is a single pipelined module run.
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep", "verify"))
+    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep", "verify", "lock"))
 
     def run(self, tmp=None, task_vars=None):
         if task_vars is None:

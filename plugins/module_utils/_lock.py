@@ -429,10 +429,16 @@ class LeaseKeeper(object):
     progress, whatever one step costs. ``lost`` says why the lock is no longer ours (taken over,
     removed) once a renewal found so; ``check()`` raises LeaseLost then, so the holder never
     stops, switches or starts anything for a lock it lost. Renewals are also done on demand
-    (``renew()``) with extra record fields (the restart job's id and pid)."""
+    (``renew()``) with extra record fields (the restart job's id and pid).
 
-    def __init__(self, path, token, lease_s, every_s=None, renew_fn=heartbeat, **extra):
+    ``while_attached``: a module of the play (not the detached restart job) renews only while the
+    play's session holds it - once its parent is gone (reparented: the connection died with a
+    killed ``ansible-playbook``) it stops renewing, so a dead play's lock lapses within one lease."""
+
+    def __init__(self, path, token, lease_s, every_s=None, renew_fn=heartbeat, while_attached=False, **extra):
         self.path, self.token, self.lease_s = path, token, lease_s
+        self.parent = os.getppid() if while_attached else None
+        self.detached = False
         self.every_s = every_s if every_s is not None else max(1.0, min(5.0, lease_s / 4.0))
         self.extra = extra
         self.renew_fn = renew_fn
@@ -461,6 +467,9 @@ class LeaseKeeper(object):
 
     def _loop(self):
         while not self._stop.wait(self.every_s):
+            if self.parent is not None and os.getppid() != self.parent:
+                self.detached = True
+                return
             self.renew()
 
     def __enter__(self):
@@ -472,6 +481,19 @@ class LeaseKeeper(object):
         self._stop.set()
         self._thread.join(timeout=self.every_s + 1)
         return False
+
+
+# The O(lock) option of the modules that work under the play's lock (doc fragment play_lock)
+PLAY_LOCK_SPEC = dict(type="dict", options=dict(path=dict(type="path", required=True),
+                                                token=dict(type="str", required=True, no_log=False),
+                                                lease_s=dict(type="int", required=True)))
+
+
+def play_lease(lock):
+    """The keeper of the play's lease while a module of the play works (``lock``: the O(lock)
+    option, or None: renews nothing)."""
+    lock = lock or {}
+    return LeaseKeeper(lock.get("path"), lock.get("token"), lock.get("lease_s") or 30, while_attached=True)
 
 
 class LeaseLost(Exception):

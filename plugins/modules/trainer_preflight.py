@@ -25,6 +25,7 @@ author:
 version_added: 0.2.0
 extends_documentation_fragment:
   - dflash.trainer.nvidia_smi
+  - dflash.trainer.play_lock
 options:
   release_dir:
     description: The release directory the trainer would start in.
@@ -64,24 +65,6 @@ options:
     description: Memory a GPU may hold (MiB) that is not the trainer's.
     type: int
     default: 1024
-  lock:
-    description:
-      - The play's deploy lock (C(path), C(token), C(lease_s)); its lease is renewed while the pre-flight runs,
-        however long O(timeout_s) is. Omit to renew nothing.
-    type: dict
-    suboptions:
-      path:
-        description: The lock.
-        type: path
-        required: true
-      token:
-        description: This play's token.
-        type: str
-        required: true
-      lease_s:
-        description: The lease (seconds).
-        type: int
-        required: true
   gpu_foreign_mib:
     description: Per GPU index, the MiB other tenants hold (the node's view); allowed on top of O(max_mib).
     type: dict
@@ -118,7 +101,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import PLAY_LOCK_SPEC, play_lease
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
@@ -168,18 +151,13 @@ def main():
             max_mib=dict(type="int", default=1024),
             gpu_foreign_mib=dict(type="dict", default={}),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
-            lock=dict(type="dict", options=dict(
-                path=dict(type="path", required=True),
-                token=dict(type="str", required=True, no_log=False),
-                lease_s=dict(type="int", required=True),
-            )),
+            lock=PLAY_LOCK_SPEC,
         ),
         supports_check_mode=True,
     )
-    lock = module.params["lock"] or {}
     # the play's lease is renewed while the pre-flight runs (it may take longer than the lease)
     # (a lease lost meanwhile is found by the restart job, which then touches nothing)
-    with LeaseKeeper(lock.get("path"), lock.get("token"), lock.get("lease_s") or 30):
+    with play_lease(module.params["lock"]):
         preflight(module)
 
 

@@ -129,6 +129,7 @@ options:
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.flow
+  - dflash.trainer.play_lock
 attributes:
   action:
     support: full
@@ -338,6 +339,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import PLAY_LOCK_SPEC, play_lease
 from ansible_collections.dflash.trainer.plugins.module_utils._release import (
     DEFAULT_EXCLUDES,
     KIND_FILE,
@@ -697,13 +699,16 @@ def main():
             base=dict(type="str"),
             keep=dict(type="int", default=5),
             verify=dict(type="bool", default=False),
+            lock=PLAY_LOCK_SPEC,
         ),
         required_if=[("state", "present", ("release", "src"), True)],
         mutually_exclusive=[("src", "release"), ("src", "archive"), ("src", "base"), ("archive", "archive_b64")],
         supports_check_mode=True,
     )
     try:
-        result = run(module.params, module.check_mode, module._diff)
+        # the play's lease is renewed while a release of any size arrives and is unpacked
+        with play_lease(module.params["lock"]):
+            result = run(module.params, module.check_mode, module._diff)
     except ReleaseModuleError as e:
         module.fail_json(msg=e.msg, **e.result)
     except OSError as e:

@@ -50,7 +50,7 @@ class Lab:
 
 @pytest.fixture(scope="session")
 def lab():
-    ids = os.environ.get("DFLASH_LAB_IDS", "200").split()
+    ids = os.environ.get("DFLASH_LAB_IDS", "200 201").split()
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", *ids],
                    check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(LAB_STATE, "lab.json")) as fh:

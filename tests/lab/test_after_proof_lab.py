@@ -24,7 +24,7 @@ CRASH_STEPS = 20  # one progress line a second: dies ~15 s after a proof of ~4 s
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     lab.ct(CT, "systemctl", "stop", "dflash-trainer")
     lab.ct(CT, "rm", "-rf", "/opt/dflash-trainer", PROM_DIR)

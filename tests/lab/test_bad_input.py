@@ -68,7 +68,7 @@ def state(lab, ct=CT):
 
 @pytest.fixture(scope="module")
 def target(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT, STOPPED_CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT, STOPPED_CT],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["pct", "stop", STOPPED_CT], check=False, capture_output=True)
     planted = lab.ct(CT, "sh", "-c", PLANT_SCRIPT)

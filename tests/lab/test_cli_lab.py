@@ -25,7 +25,7 @@ STEP = re.compile(r"^step=(\d+) ")
 
 @pytest.fixture(scope="module")
 def ct(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     base = tmp_path_factory.mktemp("cli")
     inv = base / "hosts.json"

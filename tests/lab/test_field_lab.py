@@ -37,8 +37,8 @@ def playbook(inv_path, play, limit, *args, **extra):
 @pytest.fixture(scope="module")
 def field(lab, tmp_path_factory):
     lab_cmd("down", "--ids", CT)  # a first deploy: nothing of ours in the container
-    lab_cmd("up", "--unprivileged", "--ids", CT)  # the wrapper reaches unprivileged containers only
-    lab_cmd("up", "--ids", OTHER)
+    lab_cmd("up", "--fresh", "--unprivileged", "--ids", CT)  # the wrapper reaches unprivileged containers only
+    lab_cmd("up", "--fresh", "--ids", OTHER)
     lab_cmd("allow", "--ids", OTHER, "--remove")
     lab_cmd("allow", "--ids", CT)
     base = tmp_path_factory.mktemp("field")
@@ -138,7 +138,7 @@ PT = "231"  # GPUs seen as through LXC passthrough: compute-apps shows host PIDs
 
 @pytest.fixture(scope="module")
 def passthrough(lab, field, tmp_path_factory):
-    lab_cmd("up", "--ids", PT)
+    lab_cmd("up", "--fresh", "--ids", PT)
     assert lab.ct(PT, "python3", "-m", "fakegpu", "config", "--passthrough", "host-pids", "--clear-foreign").returncode == 0
     inv = tmp_path_factory.mktemp("pt") / "hosts.json"
     inv.write_text(json.dumps({"all": {"hosts": {"pt": {"proxmox_vmid": int(PT)}}, "vars": lab.conn_vars()}}))
@@ -176,7 +176,7 @@ def node_smi_apps():
 def neighbour(lab, passthrough):
     """Container 232 shares the node's GPUs with 231: its `other-tenant` unit holds 20000 MiB on
     GPU 7 (inside 231 that memory shows in memory.used and in no process of 231's)."""
-    lab_cmd("up", "--ids", NEIGHBOUR)
+    lab_cmd("up", "--fresh", "--ids", NEIGHBOUR)
     lab_cmd("node-gpus", "--ids", PT, NEIGHBOUR)
     lab.ct(NEIGHBOUR, "systemctl", "stop", "other-tenant")
     lab.ct(NEIGHBOUR, "systemctl", "reset-failed", "other-tenant")

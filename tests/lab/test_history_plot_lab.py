@@ -25,7 +25,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     lab.ct(CT, "rm", "-rf", "/opt/dflash-trainer")  # a ledger of this test's releases only
     base = tmp_path_factory.mktemp("loop")

@@ -27,7 +27,7 @@ def run(argv, cwd, env, timeout=300):
 @pytest.fixture(scope="module")
 def installed(lab, tmp_path_factory):
     """(work dir, environment, installed collection root); the inventory is work/hosts.json."""
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     work = str(tmp_path_factory.mktemp("installed"))
     colls = os.path.join(work, "colls")

@@ -117,7 +117,7 @@ def test_per_call_delay_models_proxmox_start_up(lab, tmp_path):
     """lab.py delay S --ids CT: every pct call for CT waits S first (errors too); other containers
     and the default stay at 0; DFLASH_PCT_DELAY_S overrides for one caller."""
     import time  # pylint: disable=import-outside-toplevel
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", DELAY_CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", DELAY_CT],
                    check=True, stdout=subprocess.DEVNULL)
 
     def timed(*args, env=None):

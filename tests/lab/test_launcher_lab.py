@@ -53,7 +53,7 @@ def cleanup():
 
 @pytest.fixture
 def launched():
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     cleanup()
     with open(LAUNCHER) as f:

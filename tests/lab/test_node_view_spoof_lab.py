@@ -12,6 +12,7 @@ nvidia-smi here is the lab's, told by FAKEGPU_NODE_TENANTS_FILE which containers
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,7 +52,7 @@ def ansible_env():
 def spoof(lab, tmp_path_factory):
     """233 and 234 up, their GPUs the node's (for this test's node nvidia-smi only), 233's own
     nvidia-smi showing host PIDs as under LXC passthrough; an inventory for 233."""
-    lab_cmd("up", "--ids", CT, TENANT)
+    lab_cmd("up", "--fresh", "--ids", CT, TENANT)
     assert lab.ct(CT, "python3", "-m", "fakegpu", "config", "--passthrough", "host-pids",
                   "--clear-foreign").returncode == 0
     base = tmp_path_factory.mktemp("spoof")
@@ -96,7 +97,8 @@ def host_pid(spoof, uuid, unit):
     for row_uuid, pid, _mib in node_rows(spoof):
         with open("/proc/%d/cgroup" % pid, encoding="utf-8") as fh:
             cgroup = fh.read()
-        if row_uuid == uuid and "lxc.payload.%s/" % CT in cgroup and "/%s.service\n" % unit in cgroup:
+        # LXC names a container's cgroup lxc.payload.<id>-<n> when one of an earlier start is left
+        if row_uuid == uuid and re.search(r"/lxc\.payload\.%s(-\d+)?/" % CT, cgroup) and "/%s.service\n" % unit in cgroup:
             return pid
     return None
 

@@ -24,13 +24,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CT = "228"
 REBOOT_CT = "229"
 STATE = "/var/lib/dflash-trainer/restart.json"
+LOCK = "/run/dflash-trainer.deploy.lock"
 FAST = {"trainer_target_hosts": "all", "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2,
         "trainer_ready_timeout_s": 60, "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}}
 
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT, REBOOT_CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT, REBOOT_CT],
                    check=True, stdout=subprocess.DEVNULL)
     base = tmp_path_factory.mktemp("owner")
     path = base / "hosts.json"
@@ -49,7 +50,8 @@ def play(inv_path, base, host, name, extra, playbook="deploy.yml"):
     vars_file.write_text(json.dumps(dict(FAST, **extra)))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     return subprocess.Popen(["ansible-playbook", "-i", inv_path, playbook, "-l", host, "-e", "@%s" % vars_file],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def job_state(lab, ct):
@@ -83,6 +85,43 @@ def test_a_preflight_longer_than_the_lease_keeps_the_lock(lab, inv):
     out_a = a.communicate(timeout=300)[0]
     assert a.returncode == 0, out_a[-3000:]
     assert "ready: release" in out_a and unit(lab, CT, "MainPID") != pid_before  # A restarted, alone
+
+
+def lease_end(lab, ct):
+    """The wall-clock end of the lock's lease, from its record (None: no lock)."""
+    res = lab.ct(ct, "cat", LOCK + "/owner.json")
+    try:
+        return json.loads(res.stdout)["expires"] if res.returncode == 0 else None
+    except (ValueError, KeyError):
+        return None
+
+
+def test_a_play_killed_in_a_long_preflight_frees_its_lock_within_one_lease(lab, inv):
+    """Item 1: with the default lease (15 s), a play killed (its whole process group, as a CI
+    timeout or Ctrl-C does) while its pre-flight runs stops renewing at once: the lock is free
+    for the next run one lease after the kill at most - not after the pre-flight's 90 s."""
+    inv_path, base = inv
+    pid_before = unit(lab, CT, "MainPID")
+    a = play(inv_path, base, "a", "killed-preflight", {
+        "trainer_force_restart": True, "trainer_preflight_command": ["sh", "-c", "sleep 90"],
+        "trainer_preflight_timeout_s": 120})
+    assert wait_for(lambda: lab.ct(CT, "pgrep", "-f", "sleep 90").returncode == 0, timeout=60)
+    assert wait_for(lambda: lease_end(lab, CT), timeout=10)
+    os.killpg(a.pid, signal.SIGKILL)
+    a.communicate(timeout=30)
+    killed = time.time()
+    # no renewal after the kill: the lease ends within one lease (15 s) of it, and stays there
+    time.sleep(5)  # more than a keeper's renewal interval (15 / 4 s)
+    end = lease_end(lab, CT)
+    assert end is not None and end <= killed + 15 + 1, (end, killed)
+    assert not wait_for(lambda: lease_end(lab, CT) != end, timeout=5, interval=0.5), "renewed after the kill"
+    assert unit(lab, CT, "MainPID") == pid_before  # killed before the stop: the trainer never stopped
+    began = time.monotonic()
+    b = play(inv_path, base, "a", "after-killed-preflight", {"trainer_lock_wait_s": 30})
+    out = b.communicate(timeout=300)[0]
+    assert b.returncode == 0, out[-3000:]
+    assert time.monotonic() - began < 60
+    assert unit(lab, CT, "MainPID") == pid_before and "left running" in out, out[-3000:]
 
 
 def test_a_run_attaches_to_the_job_of_a_killed_play(lab, inv):

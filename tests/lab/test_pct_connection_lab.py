@@ -123,7 +123,7 @@ def test_copy_fetch_round_trip(lab, tmp_path, ct_dir):
 
 
 def test_stopped_container_is_a_clear_error(lab, tmp_path):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", "201"],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", "201"],
                    check=True, stdout=subprocess.DEVNULL)
     lab.pct("stop", "201")
     try:

@@ -16,7 +16,7 @@ FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_ti
 
 @pytest.fixture(scope="module")
 def hosts(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", *CTS],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", *CTS],
                    check=True, stdout=subprocess.DEVNULL)
     inv = tmp_path_factory.mktemp("inv") / "hosts.json"
     inv.write_text(json.dumps({"all": {"hosts": {"pb-%s" % ct: {"proxmox_vmid": int(ct)} for ct in CTS}, "vars": {

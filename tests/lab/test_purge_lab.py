@@ -15,7 +15,7 @@ CACHE = "/tmp/torchinductor_root"
 
 @pytest.fixture(scope="module")
 def deploy(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     base = tmp_path_factory.mktemp("purge")
     inv = base / "hosts.json"

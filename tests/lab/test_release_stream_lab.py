@@ -25,7 +25,7 @@ PLAY = [{"hosts": "ct", "gather_facts": False, "tasks": [
 
 @pytest.fixture(scope="module")
 def ct(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT], check=True,
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT], check=True,
                    stdout=subprocess.DEVNULL)
     lab.ct(CT, "rm", "-rf", RELEASE_ROOT, check=True)
     base = tmp_path_factory.mktemp("stream")

@@ -18,7 +18,7 @@ FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_ti
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     path = tmp_path_factory.mktemp("rt") / "hosts.json"
     path.write_text(json.dumps({"all": {"hosts": {"rt": {"proxmox_vmid": int(CT)}}, "vars": lab.conn_vars()}}))

@@ -15,7 +15,7 @@ SECRET = "hf_s3cr3t_%s" % os.getpid()
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     path = tmp_path_factory.mktemp("secret") / "hosts.json"
     path.write_text(json.dumps({"all": {"hosts": {"sec": {"proxmox_vmid": int(CT)}}, "vars": lab.conn_vars()}}))

@@ -19,7 +19,7 @@ FAST = {"trainer_ready_hold_s": 4, "trainer_ready_stall_s": 3, "trainer_ready_ti
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     lab.ct(CT, "rm", "-rf", "/opt/dflash-trainer")
     base = tmp_path_factory.mktemp("tput")

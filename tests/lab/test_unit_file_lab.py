@@ -14,7 +14,7 @@ CT = "236"
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory):
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", CT],
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     path = tmp_path_factory.mktemp("unit") / "hosts.json"
     path.write_text(json.dumps({"all": {"hosts": {"u": {"proxmox_vmid": int(CT)}}, "vars": lab.conn_vars()}}))

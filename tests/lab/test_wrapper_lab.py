@@ -29,8 +29,8 @@ def lab_cmd(*args):
 
 @pytest.fixture(scope="module")
 def cts(lab):
-    lab_cmd("up", "--ids", PRIV)
-    lab_cmd("up", "--unprivileged", "--ids", UNPRIV)
+    lab_cmd("up", "--fresh", "--ids", PRIV)
+    lab_cmd("up", "--fresh", "--unprivileged", "--ids", UNPRIV)
     lab_cmd("allow", "--ids", PRIV, UNPRIV)
     lab_cmd("allow", "--privileged", "--remove", "--ids", PRIV)  # whatever an earlier run left
     yield

@@ -380,6 +380,33 @@ def test_the_lease_keeper_renews_while_work_runs_and_notices_a_loss(tmp_path):
     assert lk.read_lock(path)[0]["owner"] == "bob"  # the keeper never wrote over the new holder's record
 
 
+def test_a_play_side_keeper_stops_renewing_once_its_session_is_gone(tmp_path, monkeypatch):
+    """A module of a killed play is reparented: its keeper lets the lease lapse (item 1: a dead
+    play's lock frees within one lease), while the detached job's keeper renews regardless."""
+    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    path = str(tmp_path / "deploy.lock")
+    assert lk.acquire(path, "a", "alice", 3600, lease_s=30).ok
+    ppid = [4242]
+    monkeypatch.setattr(lk.os, "getppid", lambda: ppid[0])
+    calls = {"play": 0, "job": 0}
+
+    def renewer(who):
+        def renew(p, token, lease_s, **extra):
+            calls[who] += 1
+            return lk.heartbeat(p, token, lease_s, **extra)
+        return renew
+
+    with lk.LeaseKeeper(path, "a", 30, every_s=0.01, renew_fn=renewer("play"), while_attached=True) as play, \
+            lk.LeaseKeeper(path, "a", 30, every_s=0.01, renew_fn=renewer("job")):
+        poll(lambda: calls["play"] >= 3, timeout=5, what="the play's keeper renewing while attached")
+        ppid[0] = 1  # the session died: init adopted the module
+        poll(lambda: play.detached, timeout=5, what="the play's keeper noticing it was orphaned")
+        after = calls["play"]
+        seen = calls["job"]
+        poll(lambda: calls["job"] >= seen + 3, timeout=5, what="the job's keeper renewing on")
+        assert calls["play"] == after and play.lost is None
+
+
 def test_acquire_waiting_tries_again_until_the_holder_lets_go(tmp_path):
     from ansible_collections.dflash.trainer.plugins.module_utils import _lock
     path = str(tmp_path / "deploy.lock")
