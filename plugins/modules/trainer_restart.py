@@ -219,122 +219,29 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
-    START_TIMEOUT_S,
-    STOP_MARGIN_S,
-    StepFailed,
-    compile_regexes,
-    drain,
-    expectations,
-    prove,
-    purge,
-    show,
-    start,
-    stop,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, release
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
-from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
-    _Lock,
-    read_current,
-    read_last_good,
-    switch_current,
-    write_last_good,
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
+    detach,
+    job_ended,
+    job_recorded,
+    observe_job,
+    run_restart,
+    summary,
+    wait_report,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import (
-    RestartJob,
-    job_alive,
-    outcome_words,
-    pid_start,
-    read_state,
-    write_state,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
-from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, done, failed, poll_until, waiting
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
     DEFAULT_TOKPS_REGEX,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import append_ledger, read_ledger
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
 
 
-class Steps(object):
-    """The cycle's steps, bound to this module's parameters."""
-
-    def __init__(self, p, systemctl, nvidia_smi, tick):
-        self.p, self.systemctl, self.nvidia_smi, self.tick = p, systemctl, nvidia_smi, tick
-        self.baseline = None
-        self.regexes = compile_regexes(p["ready_regex"], p["step_regex"], p["tokps_regex"], p["error_regexes"])
-
-    def stop(self):
-        return stop(Runner(self.p["stop_timeout_s"] + STOP_MARGIN_S), self.systemctl, self.p["unit"])
-
-    def drain(self):
-        deadline = time.monotonic() + self.p["drain_timeout_s"]
-        try:
-            details = drain(Runner(deadline=deadline), self.nvidia_smi, gpus=self.p["gpus"],
-                            max_mib=self.p["drain_max_mib"], timeout_s=self.p["drain_timeout_s"], tick=self.tick,
-                            allowance=mib_by_index(self.p["gpu_foreign_mib"]))
-        except StepFailed as exc:
-            self.baseline = exc.details.get("gpus_mib")  # a start that goes ahead anyway (bringing back)
-            raise
-        self.baseline = details.get("gpus_mib")  # memory there before the start is never the trainer's
-        return details
-
-    def purge(self):
-        return purge(self.p["purge_dir"])
-
-    def start(self):
-        return start(Runner(), self.systemctl, self.p["unit"], start_run=Runner(START_TIMEOUT_S))
-
-    def prove(self, invocation_id, n_restarts):
-        p = self.p
-        deadline = time.monotonic() + p["timeout_s"]
-        return prove(Runner(deadline=deadline), self.systemctl, self.nvidia_smi, p["unit"], p["log_path"],
-                     expectations(invocation_id, n_restarts, p), self.regexes, interval_s=p["interval_s"],
-                     tick=self.tick, measure_s=p["measure_s"], extra_regexes=p["measure_regexes"],
-                     baseline=self.baseline)
-
-    def unit_state(self):
-        try:
-            props = show(Runner(), self.systemctl, self.p["unit"])
-        except StepFailed as exc:
-            return "the unit's state is unknown (%s)" % exc.msg
-        if is_running(props):
-            return "%s is running (pid %d)" % (self.p["unit"], int_prop(props, "MainPID", 0))
-        return "%s is stopped (%s)" % (self.p["unit"], state_words(props))
-
-
-class Layout(object):
-    def __init__(self, root, secrets=()):
-        self.root = root
-        self.secrets = secrets
-        self.ledger_path = os.path.join(root, "ledger.json")
-
-    def ledger(self):
-        return read_ledger(self.ledger_path)
-
-    def record(self, entries):
-        with _Lock(self.root):
-            append_ledger(self.ledger_path, mask(entries, self.secrets))
-
-    def current(self):
-        return read_current(self.root)
-
-    def last_good(self):
-        return read_last_good(self.root)
-
-    def switch(self, rid):
-        with _Lock(self.root):
-            switch_current(self.root, rid)
-
-    def mark_good(self, rid):
-        with _Lock(self.root):
-            write_last_good(self.root, rid)
+def report(module, ok, fields):
+    if ok:
+        module.exit_json(**fields)
+    module.fail_json(**fields)
 
 
 def run_job(module):
@@ -346,59 +253,8 @@ def run_job(module):
     nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
     if nvidia_smi is None:
         module.fail_json(msg="nvidia-smi (%s) not found on the target" % p["nvidia_smi"])
-    pid = os.getpid()
     os.umask(0o077)  # the state file, the ledger and their temporary files: 0600 (log tails are kept there)
-    secrets = read_secrets(p["env_file"])
-
-    def save():
-        write_state(p["state_path"], mask(state, secrets))
-
-    state = dict(version=1, job_id=p["job_id"], pid=pid, pid_start=pid_start(pid), owner=p["owner"],
-                 started=time.time(), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                 reasons=p["reasons"], phase="starting job", done=False)
-    last_said = [0.0]
-
-    def tick(waiting=None):
-        """What the phase still waits for, for the watcher (the lease is renewed by its keeper)."""
-        now = time.monotonic()
-        if waiting and now - last_said[0] >= 2.0:
-            last_said[0] = now
-            state.update(waiting=waiting)
-            save()
-
-    def on_phase(name, **kw):
-        state.update(phase=name, phase_at=time.time(), waiting=None, **kw)
-        save()
-        keeper.renew()
-
-    save()
-    # The job takes the lease over from the play (same token, renewed with the job's id and pid in
-    # one guarded rewrite) and renews it from a thread for as long as it runs - a stop as long as
-    # TimeoutStopSec or a long proof included; before it stops, switches or starts anything it
-    # checks the lease is still its own.
-    keeper = LeaseKeeper(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"], job_pid=pid)
-    try:
-        with keeper:
-            steps = Steps(p, systemctl, nvidia_smi, tick)
-            job = RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
-                             on_phase=on_phase, releases_dir=os.path.join(p["root"], "releases"),
-                             log_path=p["log_path"], source=p["source"] or None,
-                             min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper)
-            result = job.run()
-    except StepFailed as exc:  # before the cycle (a bad regex): nothing was stopped
-        result = dict(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg)
-    except Exception as exc:  # pylint: disable=broad-exception-caught  # always an outcome and a free lock
-        result = dict(ok=False, msg="restart job crashed: %r" % (exc,), outcome="restart job crashed: %r" % (exc,))
-    finally:
-        if p["lock_path"] and not keeper.lost:
-            release(p["lock_path"], p["lock_token"])
-    result = mask(result, secrets)  # log tails and failure reasons: a trainer may print a token
-    state.update(done=True, phase="done", finished=time.time(), result=result)
-    save()
-    summary = dict(changed=True, finished=True, phase="done", result=result)
-    if result.get("ok"):
-        module.exit_json(**summary)
-    module.fail_json(msg=job_message(result), **summary)
+    report(module, *summary(run_restart(p, systemctl, nvidia_smi)))
 
 
 def start_detached(module):
@@ -410,28 +266,7 @@ def start_detached(module):
         module.fail_json(msg="restart job %s was already started" % p["job_id"])
     if job_alive(earlier):
         module.fail_json(msg="refused: %s; one restart at a time" % outcome_words(earlier))
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the detached side, exercised by the lab tests
-        try:
-            os.close(read_end)
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            os.chdir("/")
-            os.write(write_end, b"%d" % os.getpid())
-            os.close(write_end)
-            run_job(module)
-        except BaseException:  # exit_json/fail_json end in SystemExit: the outcome is in the state file
-            pass
-        os._exit(0)
-    os.close(write_end)
-    os.waitpid(child, 0)
-    pid = os.read(read_end, 32).decode() or "?"
-    os.close(read_end)
+    pid = detach(lambda: run_job(module))
     recorded = poll_until(lambda: read_state(p["state_path"]) or {}, job_recorded(p["job_id"]), 10, 0.05)
     if recorded.ok:
         module.exit_json(changed=True, started=True, job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
@@ -440,56 +275,11 @@ def start_detached(module):
                      % (p["job_id"], pid, p["state_path"]))
 
 
-def job_recorded(job_id):
-    """Judge: the job ``job_id`` has recorded itself in the state file (-> its state)."""
-    def judge(state, _elapsed):
-        return done(state) if state.get("job_id") == job_id else waiting("restart job %s to record itself" % job_id)
-    return judge
-
-
-def job_message(result):
-    msg = result.get("msg") or "restart failed"
-    if result.get("outcome") and result.get("outcome") not in msg:
-        msg += "\n\n" + result["outcome"]
-    return msg
-
-
-def job_ended(job_id):
-    """Judge of (state, alive) observations: the job ``job_id`` is done (-> its state), or died
-    without an outcome (failed, -> its state); else the phase it is in."""
-    def judge(observed, _elapsed):
-        state, alive = observed
-        mine = state is not None and state.get("job_id") == job_id
-        if mine and state.get("done"):
-            return done(state)
-        if mine and not alive:
-            return failed("restart job %s died in phase %s without an outcome" % (job_id, state.get("phase")), state)
-        phase = (state or {}).get("phase", "not started") if mine else "not started"
-        if mine and state.get("waiting"):
-            phase = "%s, %s" % (phase, state["waiting"])
-        return waiting(phase, state if mine else None)
-    return judge
-
-
-def observe_job(state_path):
-    state = read_state(state_path)
-    return state, job_alive(state)
-
-
 def wait(module, clock=time.monotonic, sleep=time.sleep):
     p = module.params
-    out = poll_until(lambda: observe_job(p["state_path"]), job_ended(p["job_id"]), p["wait_s"], 0.25,
+    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive), job_ended(p["job_id"]), p["wait_s"], 0.25,
                      clock=clock, sleep=sleep)
-    if out.state == DONE:
-        result = out.value.get("result") or {}
-        summary = dict(changed=True, finished=True, phase="done", result=result, job=outcome_words(out.value))
-        if result.get("ok"):
-            module.exit_json(**summary)
-        module.fail_json(msg=job_message(result), **summary)
-    if out.state == FAILED:
-        module.fail_json(msg="%s (state %s)" % (out.words, p["state_path"]), finished=True,
-                         phase=out.value.get("phase"), result={})
-    module.exit_json(changed=False, finished=False, phase=out.words, job=outcome_words(out.value) if out.value else "")
+    report(module, *wait_report(out, p["state_path"]))
 
 
 def main():
