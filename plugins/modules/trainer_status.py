@@ -349,104 +349,40 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import REFUSE, STALE, acquire_waiting
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, observe, problems
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import health, history_rows, read_ledger
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
-    memory_by_index,
     not_found_message,
     read_gpus,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
-    exit_description,
-    int_prop,
-    is_running,
-    parse_show,
-    runtime_s,
-    show_argv,
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, parse_show, runtime_s, show_argv
+from ansible_collections.dflash.trainer.plugins.module_utils._status import (
+    LOG_NEEDS_PATH,
+    gpu_fields,
+    job_over,
+    job_summary,
+    lock_holder_job,
+    lock_refusal,
+    lock_taken,
+    log_fields,
+    ownership_problems,
+    read_log,
+    read_log_chunk,
+    read_release_marks,
+    refusal_message,
+    release_fields,
+    release_from_proc,
+    status_health,
+    unit_fields,
+    wants_log,
+    watch,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog, read_start
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import done, poll_until, waiting
-
-RELEASE_VAR = "DFLASH_RELEASE"
-
-
-def environ_value(data, key):
-    """Value of ``key`` in a /proc/<pid>/environ blob, or None."""
-    prefix = key.encode() + b"="
-    for item in data.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix):].decode("utf-8", "replace")
-    return None
-
-
-# what the status reports of each GPU (gpus): enough to check trainer_gpus and the minimum
-GPU_KEYS = ("index", "name", "memory_used_mib", "memory_total_mib")
-
-
-def release_from_proc(pid, depth=3):
-    """DFLASH_RELEASE of ``pid`` or, breadth first, of its children (the launcher exports it to
-    the command it runs, so its own initial environment may lack it)."""
-    queue = [(pid, 0)]
-    while queue:
-        current, level = queue.pop(0)
-        try:
-            with open("/proc/%d/environ" % current, "rb") as f:
-                value = environ_value(f.read(), RELEASE_VAR)
-        except (IOError, OSError):
-            value = None
-        if value:
-            return value
-        if level < depth:
-            try:
-                with open("/proc/%d/task/%d/children" % (current, current)) as f:
-                    queue.extend((int(c), level + 1) for c in f.read().split())
-            except (IOError, OSError, ValueError):
-                pass
-    return None
-
-
-# Status wants the latest progress line: the marker and this much of the end of this start.
-LOG_TAIL_BYTES = 1 << 20
-
-
-def read_log(path, invocation_id):
-    """(StartLog, StartLocation) of this start, read from its marker's offset (the launcher's
-    sidecar, else a backward scan), never from byte 0; only its last LOG_TAIL_BYTES (more when
-    they hold no progress line)."""
-    return read_start(path, invocation_id, lambda: StartLog(invocation_id, keep_lines=50),
-                      tail_bytes=LOG_TAIL_BYTES)
-
-
-def read_log_chunk(p, unit_invocation, clock=time.monotonic, sleep=time.sleep):
-    """RV(log): the last O(log_lines) lines of a start, or (O(log_offset)) those appended since,
-    waiting up to O(log_wait_s) for some."""
-    invocation = p["log_invocation"] or default_invocation(unit_invocation, p["log_path"])
-    if not invocation:
-        return dict(invocation=None, release=None, lines=[], offset=0, inode=None, ended=False, found=False,
-                    problem="no start of the trainer recorded in %s" % p["log_path"])
-    following = p["log_offset"] is not None
-    read = [dict(lines=p["log_lines"], offset=p["log_offset"], inode=p["log_inode"])]
-
-    def observe():
-        chunk = read_log_lines(p["log_path"], invocation, **read[0])
-        read[0] = dict(offset=chunk.offset, inode=chunk.inode)  # the next read goes on from here
-        return chunk
-
-    out = poll_until(observe, log_arrived, max(p["log_wait_s"] or 0, 0) if following else 0, 0.25,
-                     clock=clock, sleep=sleep)
-    return out.snapshot.as_dict()
-
-
-def log_arrived(chunk, _elapsed):
-    """Judge of a log chunk: lines came, or this start's log ended."""
-    return done(chunk) if chunk.lines or chunk.ended else waiting("lines of the trainer's log")
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 
 
 def main():
@@ -480,216 +416,92 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if (p["log_lines"] > 0 or p["log_offset"] is not None) and not p["log_path"]:
-        module.fail_json(msg="log_lines and log_offset read the log: log_path is required")
+    if wants_log(p) and not p["log_path"]:
+        module.fail_json(msg=LOG_NEEDS_PATH)
     refused = ownership_problems(p["owned"])
     if refused:
         module.fail_json(msg=refusal_message(refused), problems=refused, lock_refused=True)
-    taken = None
-    attached = None
-    if p["lock"] and not module.check_mode:
-        lk = p["lock"]
-        out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
-                              wait_s=lk["wait_s"])
-        if not out.ok and out.action == REFUSE and p["job_state_path"]:
-            # the holder is the restart job of an earlier (interrupted) play: wait for its outcome, then go on
-            job = running_job(out.record, p["job_state_path"])
-            if job is not None:
-                attached = wait_for_job(p["job_state_path"], job, lk["job_wait_s"])
-                out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
-                                      wait_s=max(lk["wait_s"], 5))
-        if not out.ok:
-            module.fail_json(msg=out.msg, action=out.action, lock_refused=True,
-                             **(dict(owner=out.owner()) if out.action == REFUSE else {}))
-        taken = dict(action=out.action, msg=out.msg)
-        if attached:
-            taken["attached"] = attached
-        if out.action == STALE:
-            taken["previous_owner"] = out.owner()
+    taken = take_lock(module, p["lock"], p["job_state_path"]) if p["lock"] and not module.check_mode else None
     systemctl = module.get_bin_path("systemctl", required=True)
     run = ModuleRunner(module)  # each command bounded: 30 s
-    rc, out, err = run.or_fail(show_argv(p["unit"], systemctl=systemctl))
+
+    def show():
+        return run.or_fail(show_argv(p["unit"], systemctl=systemctl))
+
+    rc, out, err = show()
     if rc != 0:
         module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
-    props = parse_show(out)
-    watched = None
+    props, watched = parse_show(out), None
     if p["watch_s"] > 0 and is_running(props):
-        props, watched = watch(lambda: run.or_fail(show_argv(p["unit"], systemctl=systemctl)), props, p["watch_s"])
-    running = is_running(props)
-    main_pid = int_prop(props, "MainPID", 0)
-    invocation = props.get("InvocationID", "")
-    result = dict(
-        changed=False,
-        load_state=props.get("LoadState", ""),
-        fragment_path=props.get("FragmentPath", ""),
-        description=props.get("Description", ""),
-        active_state=props.get("ActiveState", ""),
-        sub_state=props.get("SubState", ""),
-        running=running,
-        main_pid=main_pid,
-        invocation_id=invocation,
-        n_restarts=int_prop(props, "NRestarts", 0),
-        result=props.get("Result", ""),
-        started_at=props.get("ExecMainStartTimestamp", ""),
-        seconds_since_start=None,
-        exit=None if running else exit_description(props),
-        running_release=None,
-        running_release_source=None,
-        drift=False,
-        gpus_mib=None,
-        gpus=None,
-    )
+        props, watched = watch(show, props, p["watch_s"])
+    running, main_pid, invocation = is_running(props), int_prop(props, "MainPID", 0), props.get("InvocationID", "")
+    seconds = runtime_s(props, now_monotonic_s=time.monotonic() if running else None)
+    result = unit_fields(props, seconds, release_from_proc(main_pid) if running and main_pid > 0 else None)
     if taken is not None:
         result["lock"] = taken
-    seconds = runtime_s(props, now_monotonic_s=time.monotonic() if running else None)
-    result["seconds_since_start"] = round(seconds, 3) if seconds is not None else None
-
-    if running and main_pid > 0:
-        release = release_from_proc(main_pid)
-        if release:
-            result.update(running_release=release, running_release_source="environ")
 
     if p["log_path"]:
-        result.update(log_release=None, last_progress_line=None, tok_s=None, step=None)
+        follower = where = None
         if invocation and os.path.exists(p["log_path"]):
             try:
                 follower, where = read_log(p["log_path"], invocation)
             except (IOError, OSError) as e:
                 module.warn("Unable to read log %s: %s" % (p["log_path"], e))
-            else:
-                if where.problem:
-                    result["log_problem"] = where.problem
-                analysis = follower.analysis
-                result.update(log_release=(follower.marker or {}).get("release"),
-                              last_progress_line=analysis.progress_line, tok_s=analysis.tok_s,
-                              step=analysis.last_step)
-                if running and not result["running_release"] and result["log_release"]:
-                    result.update(running_release=result["log_release"], running_release_source="log marker")
-
-    if p["log_lines"] > 0 or p["log_offset"] is not None:
+        result.update(log_fields(follower, where, running, result["running_release"]))
+    if wants_log(p):
         result["log"] = read_log_chunk(p, invocation)
 
     if p["trainer_root"]:
-        current = os.path.join(p["trainer_root"], "current")
-        result["current_release"] = os.path.basename(os.readlink(current).rstrip("/")) \
-            if os.path.islink(current) else None
-        last_good = os.path.join(p["trainer_root"], "last_good")
-        result["last_good"] = None
-        if os.path.isfile(last_good):
-            with open(last_good) as f:
-                result["last_good"] = f.read().strip() or None
-        result["drift"] = bool(result["running_release"] and result["current_release"]
-                               and result["running_release"] != result["current_release"])
-
+        result.update(release_fields(*read_release_marks(p["trainer_root"]), running_release=result["running_release"]))
     if watched is not None:
         result["watched_s"] = watched
     if p["trainer_root"]:
         ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
-        started = time.time() - seconds if running and seconds is not None else None
-        result["health"] = health(ledger, result.get("running_release") or result.get("log_release")
-                                  or result.get("current_release"), running, started_at=started,
-                                  n_restarts=result["n_restarts"],
-                                  state="%s/%s" % (result["active_state"], result["sub_state"]))
+        result["health"] = status_health(ledger, result, seconds, time.time())
         if p["history"] > 0:
             result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
                                              p["history"])
 
     if p["job_state_path"]:
         job = read_state(p["job_state_path"])
-        result["last_job"] = None if job is None else dict(
-            job_id=job.get("job_id"), phase=job.get("phase"), done=bool(job.get("done")), alive=job_alive(job),
-            ok=(job.get("result") or {}).get("ok"), words=outcome_words(job))
+        result["last_job"] = job_summary(job, job_alive(job))
 
     nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
     if nvidia_smi is None:
         result["gpu_error"] = not_found_message(p["nvidia_smi"])
     else:
         try:
-            gpus, _warnings = read_gpus(run, nvidia_smi, processes=False)
-            result["gpus_mib"] = memory_by_index(gpus)
-            result["gpus"] = [dict((k, g.get(k)) for k in GPU_KEYS) for g in gpus]
+            result.update(gpu_fields(read_gpus(run, nvidia_smi, processes=False)[0]))
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
     module.exit_json(**mask(result, read_secrets(p["env_file"])))
 
 
-def running_job(record, state_path):
-    """The job state of the restart job that holds the lock, while it runs; else None."""
-    if not record or not record.get("job"):
-        return None
-    state = read_state(state_path)
-    if state is None or state.get("job_id") != record.get("job") or not job_alive(state):
-        return None
-    return state
+def take_lock(module, lk, state_path):
+    """Take the deploy lock (O(lock)) -> RV(lock); fail the module when it is not taken. A restart
+    job of an earlier (interrupted) play that holds it is waited for (O(lock.job_wait_s)) first."""
+    out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                          wait_s=lk["wait_s"])
+    attached = None
+    job = lock_holder_job(out, read_state(state_path), job_alive) if state_path and not out.ok else None
+    if job is not None:
+        attached = wait_for_job(state_path, job, lk["job_wait_s"])
+        out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                              wait_s=max(lk["wait_s"], 5))
+    if not out.ok:
+        module.fail_json(**lock_refusal(out))
+    return lock_taken(out, attached)
 
 
 def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
     """Wait (bounded) until the restart job ``job`` (its state, found running) has ended -> words
     for what it did."""
-    out = poll_until(lambda: observe_job(state_path), job_over(job.get("job_id")), wait_s, 0.5,
-                     clock=clock, sleep=sleep, first=(job, True))
+    def look():
+        state = read_state(state_path) or {}
+        return state, job_alive(state)
+
+    out = poll_until(look, job_over(job.get("job_id")), wait_s, 0.5, clock=clock, sleep=sleep, first=(job, True))
     return "waited for %s" % outcome_words(out.snapshot[0])
-
-
-def observe_job(state_path):
-    """-> (the job state on record ({} when none), whether its job still runs)."""
-    state = read_state(state_path) or {}
-    return state, job_alive(state)
-
-
-def job_over(job_id):
-    """Judge of (state, alive): the job ``job_id`` ended (done, died, or another job on record)."""
-    def judge(observed, _elapsed):
-        state, alive = observed
-        if state.get("job_id") != job_id or state.get("done") or not alive:
-            return done(state)
-        return waiting("restart job %s to end" % job_id)
-    return judge
-
-
-def watch(read, props, watch_s, clock=time.monotonic, sleep=time.sleep, interval_s=1.0):
-    """Read the unit (``read()`` -> (rc, out, err) of systemctl show) every ``interval_s`` until
-    ``watch_s`` passed or this start ended (not running, or another InvocationID) -> (props, seconds)."""
-    seen = [props]
-
-    def observe():
-        rc, out, _err = read()
-        if rc == 0:
-            seen[0] = parse_show(out)
-        return rc == 0, seen[0]
-
-    out = poll_until(observe, start_ended(props.get("InvocationID", "")), watch_s, interval_s,
-                     clock=clock, sleep=sleep, first=(True, props))
-    return out.snapshot[1], round(out.elapsed, 1)
-
-
-def start_ended(invocation):
-    """Judge of (readable, unit properties): this start ended (not running, or another
-    InvocationID), or the unit can no longer be read."""
-    def judge(observed, _elapsed):
-        readable, props = observed
-        if not readable or not is_running(props) or props.get("InvocationID", "") != invocation:
-            return done(props)
-        return waiting("this start to end")
-    return judge
-
-
-def ownership_problems(owned):
-    """[variable: why] for what the run may not write or delete (each path observed here)."""
-    targets = []
-    for item in owned or []:
-        variable, kind, path = item.get("variable"), item.get("kind"), item.get("path")
-        if kind not in KINDS or not isinstance(path, str) or not path.startswith("/"):
-            return ["%s: the role passed an unknown kind %r or a relative path" % (variable, kind)]
-        targets.append((variable, kind, observe(path, kind)))
-    return ["%s: %s" % (variable, why) for variable, why in problems(targets)]
-
-
-def refusal_message(refused):
-    return "refused before any change on the target (%d problem%s):\n%s" % (
-        len(refused), "" if len(refused) == 1 else "s", "\n".join("- %s; accepted: a path that is absent or holds "
-                                                                  "what dflash.trainer wrote there" % r
-                                                                  for r in refused))
 
 
 if __name__ == "__main__":
