@@ -332,17 +332,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import PLAY_LOCK_SPEC, play_lease
 from ansible_collections.dflash.trainer.plugins.module_utils._release import DEFAULT_EXCLUDES
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import ReleaseModuleError
-# the module's behaviour, callable without Ansible (run, and the parts it is made of); the unit tests
-# import run and ReleaseModuleError from this module
-from ansible_collections.dflash.trainer.plugins.module_utils._release_install import (  # noqa: F401 (re-exported)
-    install_release,
-    verify_release,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._release_states import (  # noqa: F401 (re-exported)
-    STATES,
-    run,
-    switch_diff,
-)
+# the module's behaviour, callable without Ansible (run); the unit tests import run and
+# ReleaseModuleError from this module
+from ansible_collections.dflash.trainer.plugins.module_utils._release_states import STATES, run
 
 
 def main():
