@@ -182,6 +182,19 @@ def test_inventory_without_the_group_fails(tmp_path):
             res.stdout.replace("\n        ", " "), res.stdout
 
 
+@pytest.mark.parametrize("path", PLAYBOOKS)
+def test_target_pattern_set_in_the_inventory_is_refused_naming_it(path, tmp_path):
+    """A play's hosts: reads only extra vars: trainer_target_hosts set as an inventory variable
+    would make every play match nothing and exit 0 having done nothing. Refused, naming it."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  vars:\n    trainer_target_hosts: all\n  hosts:\n    ct1:\n      proxmox_vmid: 201\n")
+    res = run(path, inventory=str(inv))
+    out = res.stdout.replace("\n        ", " ").replace("\n          ", " ")
+    assert res.returncode != 0, res.stdout
+    assert "trainer_target_hosts is 'all' in the inventory" in out and "-e trainer_target_hosts=all" in out, res.stdout
+    assert len(res.stdout.split("PLAY [")) == 2  # only the check ran
+
+
 def test_target_pattern_typo_fails():
     res = run("playbooks/restart.yml", "-e", "trainer_target_hosts=trainer_hostz")
     assert res.returncode != 0
