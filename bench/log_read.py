@@ -25,6 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf  # noqa: E402
 from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl  # noqa: E402
 from ansible_collections.dflash.trainer.plugins.modules import trainer_status  # noqa: E402
 
@@ -54,7 +55,7 @@ def build(path, before_bytes, lines, sparse):
         f.write((tl.marker_line(INV, REL, 4242, "2026-11-30T04:05:06+00:00") + "\n").encode())
         f.write(progress(lines))
     st = os.stat(path)
-    with open(tl.sidecar_path(path), "w") as f:
+    with open(lf.sidecar_path(path), "w") as f:
         f.write('{"invocation": "%s", "offset": %d, "inode": %d, "dev": %d}\n' % (INV, offset, st.st_ino, st.st_dev))
     return offset
 
@@ -75,18 +76,18 @@ def status_read(path):
 
 
 def proof_read(path):
-    reader = tl.LogFileReader(path, tl.StartLog(INV))
+    reader = lf.LogFileReader(path, tl.StartLog(INV))
     reader.poll(now=0)
     assert reader.follower.analysis.last_step is not None
 
 
 def no_sidecar_read(path):
-    os.rename(tl.sidecar_path(path), tl.sidecar_path(path) + ".off")
+    os.rename(lf.sidecar_path(path), lf.sidecar_path(path) + ".off")
     try:
         follower, where = trainer_status.read_log(path, INV)
         assert where.source == "scan" and follower.analysis.last_step is not None
     finally:
-        os.rename(tl.sidecar_path(path) + ".off", tl.sidecar_path(path))
+        os.rename(lf.sidecar_path(path) + ".off", lf.sidecar_path(path))
 
 
 def absent_read(path):

@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 
+from ansible_collections.dflash.trainer.plugins.module_utils._log_file import LogFileReader
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     memory_by_index,
@@ -46,7 +47,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     start_decision,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import summarize
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LogFileReader, StartLog
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     DONE as WAIT_DONE,
     TIMEOUT as WAIT_TIMEOUT,

@@ -5,7 +5,7 @@
 ``logs -f``).
 
 Reads from where the start begins (the launcher's sidecar ``<log>.start``, else a backward scan;
-see ``_trainer_log.locate_start``), never from byte 0, and at most ``max_bytes`` per call: the
+see ``_log_file.locate_start``), never from byte 0, and at most ``max_bytes`` per call: the
 last lines come from a window at the end of the file. A follower passes back the ``offset`` and
 ``inode`` it was given; a log rotated meanwhile (another inode) is finished in ``<log>.1`` when that
 is the file it was reading, then read from this start's continuation marker in the new file. Only
@@ -17,11 +17,8 @@ from __future__ import annotations
 import collections
 import os
 
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
-    locate_start,
-    parse_marker,
-    read_sidecar,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._log_file import locate_start, read_sidecar
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import parse_marker
 
 DEFAULT_MAX_BYTES = 1 << 20
 

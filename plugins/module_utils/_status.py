@@ -17,6 +17,7 @@ import os
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import REFUSE, STALE
+from ansible_collections.dflash.trainer.plugins.module_utils._log_file import read_start
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import memory_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, observe, problems
@@ -28,7 +29,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     parse_show,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import health
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog, read_start
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import done, poll_until, waiting
 
 RELEASE_VAR = "DFLASH_RELEASE"

@@ -71,6 +71,7 @@ def test_forwards_sigterm_and_dies_of_the_same_signal(root):
 
 # --- the log never takes the trainer down; rotation; the sidecar (issue 7 item 6) -------------
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf  # noqa: E402
 from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl  # noqa: E402
 
 from waiting import poll  # noqa: E402
@@ -151,7 +152,7 @@ def markers(path):
 
 
 def read_this_start(path):
-    follower, where = tl.read_start(str(path), "inv1", lambda: tl.StartLog("inv1"))
+    follower, where = lf.read_start(str(path), "inv1", lambda: tl.StartLog("inv1"))
     return follower, where
 
 
@@ -249,7 +250,7 @@ def test_log_truncated_in_place_gets_a_continuation_marker(root, running):
     r = running(log)
     r.wait_steps(5)
     os.truncate(str(log), 0)
-    poll(lambda: tl.read_start(str(log), "inv1", lambda: tl.StartLog("inv1"))[0].marker,
+    poll(lambda: lf.read_start(str(log), "inv1", lambda: tl.StartLog("inv1"))[0].marker,
          what="a marker of inv1 again")
     follower, _where = read_this_start(log)
     assert follower.marker["continued"] == "truncated"

@@ -3,6 +3,7 @@
 
 import pytest
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf
 from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
 from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
 
@@ -696,7 +697,7 @@ def test_gpu_drain_bad_args(capsys):
 def test_trainer_ready_log_reader_follows_appends_and_truncation(tmp_path):
     path = tmp_path / "trainer.log"
     follower = tl.StartLog(INV)
-    reader = tl.LogFileReader(str(path), follower)
+    reader = lf.LogFileReader(str(path), follower)
     reader.poll()                                    # no file yet: nothing, no error
     path.write_text(tl.marker_line(INV, REL, 1, "t") + "\nstep=1 tok/s=1\n")
     reader.poll()

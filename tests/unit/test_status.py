@@ -8,7 +8,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils import _status as s
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import Outcome
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import LogChunk
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import entry
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLocation, StartLog, marker_line
+from ansible_collections.dflash.trainer.plugins.module_utils._log_file import StartLocation
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog, marker_line
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, WAITING
 
 RUNNING = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "MainPID": "4242",

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf
 from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
@@ -57,7 +58,7 @@ def test_sidecar_is_used_and_nothing_before_the_marker_is_read(tmp_path):
     log = tmp_path / "t.log"
     before = start(OLD) + steps(0, 20000)
     write(log, before + start() + steps(1, 4), sidecar_offset=len(before))
-    f, where = tl.read_start(str(log), INV, follower)
+    f, where = lf.read_start(str(log), INV, follower)
     assert (where.source, where.offset, where.problem) == ("sidecar", len(before), None)
     assert where.bytes_read == len(start() + steps(1, 4))
     assert f.analysis.steps == [1, 2, 3] and f.marker["release"] == REL
@@ -79,7 +80,7 @@ def test_a_sidecar_that_does_not_match_falls_back_to_a_scan(tmp_path, record):
         if isinstance(record, dict):
             record = dict({"inode": log.stat().st_ino}, **record)
         (tmp_path / "t.log.start").write_text(record if isinstance(record, str) else json.dumps(record))
-    f, where = tl.read_start(str(log), INV, follower)
+    f, where = lf.read_start(str(log), INV, follower)
     assert (where.source, where.offset, where.problem) == ("scan", len(before), None)
     assert f.analysis.steps == [1, 2]
 
@@ -87,7 +88,7 @@ def test_a_sidecar_that_does_not_match_falls_back_to_a_scan(tmp_path, record):
 def test_marker_gone_but_sidecar_names_this_start_says_so(tmp_path):
     log = tmp_path / "t.log"
     write(log, "someone else's content\n" + steps(9, 12) + "partial", sidecar_offset=0)
-    f, where = tl.read_start(str(log), INV, follower)
+    f, where = lf.read_start(str(log), INV, follower)
     assert where.source == "end" and f.marker is None
     assert where.problem.startswith("log was truncated or replaced since this start")
     assert where.offset == len("someone else's content\n" + steps(9, 12))   # the unfinished line
@@ -96,7 +97,7 @@ def test_marker_gone_but_sidecar_names_this_start_says_so(tmp_path):
 def test_no_marker_yet_and_no_sidecar_is_no_problem(tmp_path):
     log = tmp_path / "t.log"
     write(log, start(OLD) + steps(0, 3))
-    f, where = tl.read_start(str(log), INV, follower)
+    f, where = lf.read_start(str(log), INV, follower)
     assert (where.source, where.problem, f.marker) == ("end", None, None)
     assert where.offset == log.stat().st_size and where.bytes_read == 0
 
@@ -106,11 +107,11 @@ def test_scan_prefers_the_start_marker_and_else_the_earliest_continuation(tmp_pa
     text = start(OLD) + steps(0, 3) + start() + steps(3, 5) + cont("truncated") + steps(5, 6)
     write(log, text)
     with open(str(log), "rb") as f:
-        assert tl.scan_for_start(f, len(text), INV)[0] == text.index(start())
+        assert lf.scan_for_start(f, len(text), INV)[0] == text.index(start())
     text = cont("rotated") + steps(0, 3) + cont("reopened") + steps(3, 5)
     write(log, text)
     with open(str(log), "rb") as f:
-        assert tl.scan_for_start(f, len(text), INV)[0] == 0
+        assert lf.scan_for_start(f, len(text), INV)[0] == 0
 
 
 def test_scan_ignores_a_marker_line_not_finished_and_a_longer_invocation(tmp_path):
@@ -118,7 +119,7 @@ def test_scan_ignores_a_marker_line_not_finished_and_a_longer_invocation(tmp_pat
     text = tl.marker_line(INV + "ff", REL, 1, T) + "\n" + steps(0, 2) + start()[:-10]
     write(log, text)
     with open(str(log), "rb") as f:
-        offset, aligned = tl.scan_for_start(f, len(text), INV)
+        offset, aligned = lf.scan_for_start(f, len(text), INV)
     assert offset is None and aligned == text.index(start()[:-10])
 
 
@@ -148,14 +149,14 @@ def test_scan_across_block_boundaries_agrees_with_a_forward_read(tmp_path, seed)
     expected = starts[-1] if starts else (offsets[0][0] if offsets else None)
     with open(str(log), "rb") as f:
         for block in (7, 64, 1 << 20):
-            assert tl.scan_for_start(f, len(text), INV, block=block)[0] == expected, block
+            assert lf.scan_for_start(f, len(text), INV, block=block)[0] == expected, block
 
 
 def test_tail_read_reads_the_marker_and_the_end_only(tmp_path):
     log = tmp_path / "t.log"
     noise = "".join("warning %d: something long enough to take space in the log\n" % i for i in range(100000))
     write(log, start() + noise + steps(1, 3), sidecar_offset=0)
-    f, where = tl.read_start(str(log), INV, follower, tail_bytes=64 * 1024)
+    f, where = lf.read_start(str(log), INV, follower, tail_bytes=64 * 1024)
     assert where.bytes_read < 80 * 1024
     assert f.marker["release"] == REL and f.analysis.last_step == 2 and f.analysis.tok_s == 2.0
 
@@ -164,7 +165,7 @@ def test_tail_read_widens_until_it_finds_a_progress_line(tmp_path):
     log = tmp_path / "t.log"
     noise = "".join("warning %d: something long enough to take space in the log\n" % i for i in range(20000))
     write(log, start() + steps(1, 8) + noise, sidecar_offset=0)
-    f, where = tl.read_start(str(log), INV, follower, tail_bytes=4096)
+    f, where = lf.read_start(str(log), INV, follower, tail_bytes=4096)
     assert f.analysis.last_step == 7 and f.analysis.progress_line == "step=7 tok/s=7.0"
 
 
@@ -173,7 +174,7 @@ def test_reader_seeks_to_the_sidecar_then_follows_appends(tmp_path):
     before = start(OLD) + steps(0, 1000)
     write(log, before + start() + steps(1, 2), sidecar_offset=len(before))
     f = follower()
-    r = tl.LogFileReader(str(log), f)
+    r = lf.LogFileReader(str(log), f)
     r.poll(now=0)
     assert r.location.source == "sidecar" and r.offset == log.stat().st_size
     with open(str(log), "a") as fh:
@@ -186,7 +187,7 @@ def test_reader_follows_a_rotation_without_resetting_this_start(tmp_path):
     log = tmp_path / "t.log"
     write(log, start() + steps(1, 3), sidecar_offset=0)
     f = follower()
-    r = tl.LogFileReader(str(log), f)
+    r = lf.LogFileReader(str(log), f)
     r.poll(now=0)
     os.rename(str(log), str(log) + ".1")
     write(log, cont("rotated") + steps(3, 5), sidecar_offset=0)
@@ -199,7 +200,7 @@ def test_reader_says_the_log_was_replaced_after_the_grace_and_not_before(tmp_pat
     log = tmp_path / "t.log"
     write(log, "", sidecar_offset=None)
     f = follower()
-    r = tl.LogFileReader(str(log), f)
+    r = lf.LogFileReader(str(log), f)
     r.poll(now=0)                       # the marker is not written yet: nothing to say
     assert r.problem(100, 5) is None
     write(log, start(OLD) + steps(0, 200))
@@ -218,7 +219,7 @@ def test_reader_says_the_log_was_replaced_after_the_grace_and_not_before(tmp_pat
 def test_reader_first_poll_with_a_sidecar_of_this_start_but_no_marker(tmp_path):
     log = tmp_path / "t.log"
     write(log, "rewritten\n", sidecar_offset=0)
-    r = tl.LogFileReader(str(log), follower())
+    r = lf.LogFileReader(str(log), follower())
     r.poll(now=0)
     assert r.problem(4, 5) is None and r.problem(5, 5).startswith("log was truncated or replaced")
 
@@ -227,7 +228,7 @@ def test_reader_in_this_start_keeps_counting_after_a_truncation(tmp_path):
     log = tmp_path / "t.log"
     write(log, start() + steps(1, 3))
     f = follower()
-    r = tl.LogFileReader(str(log), f)
+    r = lf.LogFileReader(str(log), f)
     r.poll(now=0)
     write(log, steps(3, 4))             # copytruncate: no marker, still our start
     r.poll(now=1)
