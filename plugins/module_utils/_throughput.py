@@ -20,6 +20,8 @@ values, counted as ``unreadable``), never stored as a different number.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -208,15 +210,40 @@ def read_ledger(path):
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 
-def append_ledger(path, new_entries, keep=LEDGER_KEEP):
-    """Append and keep the last ``keep`` entries, atomically (tmp + fsync + rename)."""
-    entries = (read_ledger(path) + list(new_entries))[-keep:]
+@contextlib.contextmanager
+def ledger_lock(path):
+    """Hold ``<path>.lock`` (flock) for one read-modify-write of the ledger. The ledger has two
+    writers - the restart job (a verdict) and the launcher (a death after the proof, the launcher's
+    copy of this function) - and neither may lose the other's entry. The lock file is created 0600,
+    never through a symlink."""
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def write_ledger(path, entries):
+    """Atomically (tmp + fsync + rename), mode 0600, the temporary file never through a symlink."""
     tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
         json.dump({"version": 1, "entries": entries}, fh, sort_keys=True, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def append_ledger(path, new_entries, keep=LEDGER_KEEP):
+    """Append and keep the last ``keep`` entries, under the ledger's lock."""
+    with ledger_lock(path):
+        entries = (read_ledger(path) + list(new_entries))[-keep:]
+        write_ledger(path, entries)
     return entries
 
 

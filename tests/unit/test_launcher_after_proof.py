@@ -70,6 +70,35 @@ def test_figures_read_with_the_roles_regexes_are_the_collections(line):
         assert L.figure(rx, line) == want, (name, line)
 
 
+def test_the_job_and_the_launcher_never_lose_each_others_ledger_entries(tmp_path):
+    """Two writers, one ledger: the restart job appends verdicts (_throughput.append_ledger) while
+    the launcher records a death (its read-modify-write under its copy of the lock). Racing 40
+    writes each, every entry of both is there (without the shared flock, writes get lost)."""
+    path = str(tmp_path / "ledger.json")
+    n = 40
+
+    def launcher_side():
+        for i in range(n):
+            with L.ledger_lock(path):
+                entries = L.read_ledger(path)
+                L.write_ledger(path, entries + [{"release": "launcher-%d" % i, "verdict": "proved"}])
+
+    pid = os.fork()
+    if pid == 0:  # the launcher, in a process of its own
+        code = 0
+        try:
+            launcher_side()
+        except BaseException:  # pylint: disable=broad-except  # any failure: the parent sees exit 1
+            code = 1
+        os._exit(code)  # pylint: disable=protected-access
+    for i in range(n):
+        tp.append_ledger(path, [tp.entry("job-%d" % i, tp.PROVED, {}, now=float(i))], keep=10 * n)
+    assert os.waitpid(pid, 0)[1] == 0
+    got = sorted(e["release"] for e in tp.read_ledger(path))
+    assert got == sorted(["job-%d" % i for i in range(n)] + ["launcher-%d" % i for i in range(n)])
+    assert oct(os.stat(path + ".lock").st_mode & 0o777) == "0o600"
+
+
 def test_the_ledger_the_launcher_writes_is_the_collections(tmp_path):
     path = str(tmp_path / "ledger.json")
     entries = tp.append_ledger(path, [tp.entry("r1", tp.PROVED, {"tok_s": {"median": 10.0}}, "git abc", now=100.0)])
