@@ -37,6 +37,7 @@ import time
 
 # imported here, never inside a function: the detached restart job runs after Ansible removed the
 # module's payload, so a late import fails
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import done, poll_until, waiting
 
 TAKE, KEEP, REFUSE, STALE = "take", "keep", "refuse", "stale"
@@ -290,13 +291,8 @@ def guard(path, wait_s=None, clock=time.monotonic, sleep=time.sleep):
 
 def _rewrite(path, record):
     """Replace the record inside our lock atomically (under the guard)."""
-    tmp = os.path.join(path, RECORD + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(record, sort_keys=True))
-    os.replace(tmp, os.path.join(path, RECORD))
+    replace_private(os.path.join(path, RECORD), json.dumps(record, sort_keys=True),
+                    tmp=os.path.join(path, RECORD + ".tmp"))
 
 
 def heartbeat(path, token, lease_s, owner=None, clock=time.time, mono_clock=time.monotonic, **extra):

@@ -27,6 +27,7 @@ import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, compare, entry, gate
 
 STATE_VERSION = 1
@@ -50,15 +51,7 @@ def write_state(path, data):
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         os.makedirs(directory, 0o700)
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    try:
-        os.unlink(tmp)  # a leftover of a killed job with this pid (or a planted symlink)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, sort_keys=True, default=str)
-    os.replace(tmp, path)
+    replace_private(path, json.dumps(data, sort_keys=True, default=str))
 
 
 def job_alive(state, pid_alive=None):

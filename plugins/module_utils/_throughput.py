@@ -28,6 +28,8 @@ import os
 import re
 import time
 
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
+
 LEDGER_KEEP = 50
 PROVED = "proved"
 # a proved entry's start of the trainer may be read a little before the proof's own clock
@@ -225,18 +227,8 @@ def ledger_lock(path):
 
 
 def write_ledger(path, entries):
-    """Atomically (tmp + fsync + rename), mode 0600, the temporary file never through a symlink."""
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"version": 1, "entries": entries}, fh, sort_keys=True, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Atomically, fsynced, mode 0600, never through a symlink."""
+    replace_private(path, json.dumps({"version": 1, "entries": entries}, sort_keys=True, indent=1), sync=True)
 
 
 def append_ledger(path, new_entries, keep=LEDGER_KEEP):

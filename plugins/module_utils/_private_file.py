@@ -1,0 +1,29 @@
+"""One way to write the collection's private state files: the restart job's state, the deploy
+lock's record and the release ledger.
+
+Atomically (a temporary file renamed over the target: a reader sees the old or the new content,
+never half of one), mode 0600, and never through a symlink: the temporary file's name is
+predictable, so a leftover (a killed writer with the same pid) or a planted link is removed and
+the file is created with O_EXCL | O_NOFOLLOW.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def replace_private(path, text, tmp=None, sync=False):
+    """Replace ``path`` with ``text`` (str). ``tmp``: the temporary file (default
+    ``<path>.tmp-<pid>``); ``sync``: fsync before the rename (what must survive a power loss)."""
+    tmp = tmp or "%s.tmp-%d" % (path, os.getpid())
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
