@@ -133,7 +133,11 @@ def measure(paths, delays, reps):
     return rows
 
 
-TARGETS = {("no-op deploy", 0.0): 3.0, ("no-op deploy", 0.5): 6.0}
+# issue 14 item 5: a no-op deploy <= 2.5 s at delay 0 and <= 4 s at 500 ms; a forced restart's
+# overhead (its wall time less the trainer's own start-up and the proof's hold) <= 3 s at delay 0
+TARGETS = {("no-op deploy", 0.0): 2.5, ("no-op deploy", 0.5): 4.0}
+OVERHEAD_TARGETS = {("forced restart", 0.0): 3.0}
+TRAINER_OWN_S = float(FAST["trainer_env"]["DFLASH_FAKE_STARTUP_S"]) + FAST["trainer_ready_hold_s"]
 
 
 def table(rows):
@@ -146,6 +150,12 @@ def table(rows):
             words.append("ours ≤ %g s: %s" % (target, "met" if r["ours"]["wall_median"] <= target else "MISSED"))
         if r["case"] == "no-op deploy" and r["delay_s"] >= 0.5:
             words.append("≥ 4×: %s" % ("met" if r["speedup"] >= 4 else "MISSED"))
+        if r["case"] == "forced restart":
+            overhead = r["ours"]["wall_median"] - TRAINER_OWN_S
+            limit = OVERHEAD_TARGETS.get((r["case"], r["delay_s"]))
+            words.append("overhead beyond start-up + hold (%g s): %.2f s%s" % (
+                TRAINER_OWN_S, overhead, "" if limit is None else
+                " (≤ %g s: %s)" % (limit, "met" if overhead <= limit else "MISSED")))
         out.append("| %s | %g s | %.2f s (%.2f) | %d | %.2f s (%.2f) | %d | %.2f× | %s |" % (
             r["case"], r["delay_s"], r["ours"]["wall_median"], r["ours"]["wall_min"], r["ours"]["calls"],
             r["plain"]["wall_median"], r["plain"]["wall_min"], r["plain"]["calls"], r["speedup"],
