@@ -338,11 +338,13 @@ EXAMPLES = r"""
 
 import os
 import re
+import selectors
 import shlex
 import signal
 import subprocess
 import tempfile
 import threading
+import time
 import typing as t
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
@@ -371,6 +373,8 @@ GUARD_SCRIPT = _MARK + ('command -v timeout >/dev/null 2>&1 && exec timeout -k 5
                         'exec /bin/sh -c "$2"')
 GUARD_GRACE_S = 2
 COPY_CHUNK = 1024 * 1024
+# how often a waiting call checks that ansible-playbook (the worker's parent) still lives
+ORPHAN_CHECK_S = 0.5
 SIZE_MARK = re.compile(r"^dflash-pct-size\s+(\d+)\s*$", re.M)
 
 # stderr of `ssh` itself when it cannot reach or log into the host (exit 255).
@@ -621,7 +625,7 @@ class Connection(ConnectionBase):
             if pumps:
                 out, err = self._pump(proc, pumps, timeout)
             else:
-                out, err = proc.communicate(input=in_data, timeout=timeout)
+                out, err = self._communicate(proc, in_data, timeout, what)
         except subprocess.TimeoutExpired:
             self._kill(proc)
             raise AnsibleConnectionFailure(
@@ -635,6 +639,59 @@ class Connection(ConnectionBase):
         rc = proc.returncode
         self._raise_for_transport(rc, err, started)
         return rc, out, err
+
+    def _communicate(self, proc: subprocess.Popen, in_data: bytes | None, timeout: float, what: str):
+        """proc.communicate(), bounded by ``timeout``, that gives up when the play is gone.
+
+        This runs in an Ansible worker, a child of ansible-playbook in a session of its own: a
+        killed ansible-playbook leaves it running, and its ssh mux client's remote command goes on
+        (the ControlMaster holds its pipes) - a module renewing the play's deploy lock would keep
+        it forever. Once the worker's parent is gone the call is killed and its pipes closed: the
+        remote command's output then has no reader, which it notices (_lock.output_read)."""
+        # Popen.communicate() cannot be retried after a timeout while input is still being sent (it
+        # stops writing it): one selector loop serves the pipes, in rounds of ORPHAN_CHECK_S. No
+        # thread ever blocks on a pipe, so _kill can close them at once.
+        parent = os.getppid()
+        deadline = time.monotonic() + timeout
+        chunks = {proc.stdout: [], proc.stderr: []}
+        pending = memoryview(in_data or b'')
+        with selectors.DefaultSelector() as sel:
+            for pipe in (proc.stdout, proc.stderr):
+                sel.register(pipe, selectors.EVENT_READ)
+            if proc.stdin is not None:
+                if pending:
+                    os.set_blocking(proc.stdin.fileno(), False)
+                    sel.register(proc.stdin, selectors.EVENT_WRITE)
+                else:
+                    proc.stdin.close()
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(proc.args, timeout)
+                if os.getppid() != parent:
+                    self._kill(proc)
+                    raise AnsibleConnectionFailure("ansible-playbook is gone: %s in container %s on %s abandoned"
+                                                   % (what, self.get_option('proxmox_vmid'), self._host))
+                for key, _events in sel.select(min(ORPHAN_CHECK_S, left)):
+                    if key.fileobj is proc.stdin:
+                        try:
+                            pending = pending[os.write(proc.stdin.fileno(), pending[:COPY_CHUNK]):]
+                        except BlockingIOError:
+                            continue
+                        except OSError:  # the process stopped reading (BrokenPipe): its status tells
+                            pending = memoryview(b'')
+                        if not pending:
+                            sel.unregister(proc.stdin)
+                            proc.stdin.close()
+                        continue
+                    data = os.read(key.fd, COPY_CHUNK)
+                    if data:
+                        chunks[key.fileobj].append(data)
+                    else:
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        return b''.join(chunks[proc.stdout]), b''.join(chunks[proc.stderr])
 
     @staticmethod
     def _pump(proc: subprocess.Popen, pumps, timeout):

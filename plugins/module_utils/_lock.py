@@ -419,6 +419,22 @@ def peek(path, token, stale_s, clock=time.time):
     return Outcome(STALE, True, "would take over %s" % path, record, changed=True)
 
 
+ATTACHED_CHECK_S = 1.0
+
+
+def output_read(fd=1):
+    """Whether the play still reads this module's output: a newline written to it (stdout; blank
+    lines before a module's JSON are ignored by Ansible) fails with EPIPE once the connection is
+    gone - `pct exec` ends with the ssh session of a killed ``ansible-playbook``, while the shell
+    that runs the module in the container, its parent, lives on. A module's result must be printed
+    after its keeper stopped (no newline inside the JSON)."""
+    try:
+        os.write(fd, b"\n")
+    except OSError:
+        return False
+    return True
+
+
 class LeaseKeeper(object):
     """Renews our lease from a thread every ``every_s`` while a long step runs (a pre-flight, a
     ``systemctl stop`` as long as TimeoutStopSec, a proof): the lease never lapses under work in
@@ -428,12 +444,13 @@ class LeaseKeeper(object):
     (``renew()``) with extra record fields (the restart job's id and pid).
 
     ``while_attached``: a module of the play (not the detached restart job) renews only while the
-    play's session holds it - once its parent is gone (reparented: the connection died with a
-    killed ``ansible-playbook``) it stops renewing, so a dead play's lock lapses within one lease."""
+    play's connection still reads its output - ``attached()`` before each renewal - so a killed
+    ``ansible-playbook``'s lock lapses within one lease, however long the module would go on."""
 
-    def __init__(self, path, token, lease_s, every_s=None, renew_fn=heartbeat, while_attached=False, **extra):
+    def __init__(self, path, token, lease_s, every_s=None, renew_fn=heartbeat, while_attached=False,
+                 attached=None, **extra):
         self.path, self.token, self.lease_s = path, token, lease_s
-        self.parent = os.getppid() if while_attached else None
+        self.attached = (attached or output_read) if while_attached else None
         self.detached = False
         self.every_s = every_s if every_s is not None else max(1.0, min(5.0, lease_s / 4.0))
         self.extra = extra
@@ -462,11 +479,16 @@ class LeaseKeeper(object):
             raise LeaseLost(self.lost)
 
     def _loop(self):
-        while not self._stop.wait(self.every_s):
-            if self.parent is not None and os.getppid() != self.parent:
+        # a play's module looks for its reader every second (at most every_s), renews every_s
+        tick = self.every_s if self.attached is None else min(self.every_s, ATTACHED_CHECK_S)
+        due = time.monotonic() + self.every_s
+        while not self._stop.wait(tick):
+            if self.attached is not None and not self.attached():
                 self.detached = True
                 return
-            self.renew()
+            if time.monotonic() >= due:
+                self.renew()
+                due = time.monotonic() + self.every_s
 
     def __enter__(self):
         self.renew()

@@ -157,22 +157,36 @@ def main():
     )
     # the play's lease is renewed while the pre-flight runs (it may take longer than the lease)
     # (a lease lost meanwhile is found by the restart job, which then touches nothing)
-    with play_lease(module.params["lock"]):
-        preflight(module)
+    # The result is printed after the keeper stopped: it probes the module's output (see play_lease).
+    try:
+        with play_lease(module.params["lock"]):
+            result = preflight(module)
+    except Refused as exc:
+        module.fail_json(**exc.result)
+    module.exit_json(**result)
+
+
+class Refused(Exception):
+    """The pre-flight refused the release: ``result`` is the module's failure (masked)."""
+
+    def __init__(self, result):
+        super().__init__(result.get("msg"))
+        self.result = result
 
 
 def preflight(module):
+    """Run the checks -> the result (secrets masked); raises Refused."""
     p = module.params
     try:
         environment = json.loads(p["environment_json"] or "{}")
     except ValueError:
-        module.fail_json(msg="pre-flight: environment_json is not a JSON object")
+        raise Refused(dict(msg="pre-flight: environment_json is not a JSON object")) from None
     env = dict((str(k), "" if v is None else str(v)) for k, v in (environment or {}).items())
     # trainer_env values are secrets: a pre-flight that prints its token shows *** instead
     secrets = secret_values(env)
 
     def fail(**kw):
-        module.fail_json(**mask(kw, secrets))
+        raise Refused(mask(kw, secrets))
 
     path = env.get("PATH", SYSTEMD_PATH)
     checks = []
@@ -225,7 +239,7 @@ def preflight(module):
                 fail(msg="pre-flight refused the release (the running trainer is untouched): " + problem,
                      checks=checks)
             checks.append("no other holder on GPUs %s" % ", ".join(str(g) for g in p["gpus"]))
-    module.exit_json(**mask(result, secrets))
+    return mask(result, secrets)
 
 
 if __name__ == "__main__":

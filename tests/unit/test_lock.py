@@ -380,14 +380,14 @@ def test_the_lease_keeper_renews_while_work_runs_and_notices_a_loss(tmp_path):
     assert lk.read_lock(path)[0]["owner"] == "bob"  # the keeper never wrote over the new holder's record
 
 
-def test_a_play_side_keeper_stops_renewing_once_its_session_is_gone(tmp_path, monkeypatch):
-    """A module of a killed play is reparented: its keeper lets the lease lapse (item 1: a dead
-    play's lock frees within one lease), while the detached job's keeper renews regardless."""
+def test_a_play_side_keeper_stops_renewing_once_its_session_is_gone(tmp_path):
+    """A module of a killed play keeps running in the container, but nobody reads its output any
+    more: its keeper lets the lease lapse (item 1: a dead play's lock frees within one lease),
+    while the detached job's keeper renews regardless."""
     from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
     path = str(tmp_path / "deploy.lock")
     assert lk.acquire(path, "a", "alice", 3600, lease_s=30).ok
-    ppid = [4242]
-    monkeypatch.setattr(lk.os, "getppid", lambda: ppid[0])
+    read = [True]
     calls = {"play": 0, "job": 0}
 
     def renewer(who):
@@ -396,15 +396,28 @@ def test_a_play_side_keeper_stops_renewing_once_its_session_is_gone(tmp_path, mo
             return lk.heartbeat(p, token, lease_s, **extra)
         return renew
 
-    with lk.LeaseKeeper(path, "a", 30, every_s=0.01, renew_fn=renewer("play"), while_attached=True) as play, \
+    with lk.LeaseKeeper(path, "a", 30, every_s=0.01, renew_fn=renewer("play"), while_attached=True,
+                        attached=lambda: read[0]) as play, \
             lk.LeaseKeeper(path, "a", 30, every_s=0.01, renew_fn=renewer("job")):
         poll(lambda: calls["play"] >= 3, timeout=5, what="the play's keeper renewing while attached")
-        ppid[0] = 1  # the session died: init adopted the module
-        poll(lambda: play.detached, timeout=5, what="the play's keeper noticing it was orphaned")
+        read[0] = False  # the connection died with the play
+        poll(lambda: play.detached, timeout=5, what="the play's keeper noticing nobody reads its output")
         after = calls["play"]
         seen = calls["job"]
         poll(lambda: calls["job"] >= seen + 3, timeout=5, what="the job's keeper renewing on")
         assert calls["play"] == after and play.lost is None
+
+
+def test_output_read_is_false_once_the_reader_is_gone():
+    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    r, w = os.pipe()
+    try:
+        assert lk.output_read(w) is True
+        assert os.read(r, 10) == b"\n"  # a blank line: Ansible skips it before the module's JSON
+        os.close(r)
+        assert lk.output_read(w) is False  # EPIPE
+    finally:
+        os.close(w)
 
 
 def test_acquire_waiting_tries_again_until_the_holder_lets_go(tmp_path):

@@ -426,3 +426,25 @@ def test_put_and_fetch_errors_in_the_container_are_not_unreachable(fake_pct, tmp
         conn.put_file(str(src), str(tmp_path / "no-such-dir" / "dest"))
     assert not isinstance(err.value, AnsibleConnectionFailure)
     assert "dflash-pct-started" not in str(err.value)
+
+
+# ---- a call longer than the orphan check: input sent once, output whole; a dead play abandons it ----
+def test_a_long_call_gets_its_input_once_and_its_whole_output():
+    conn = make_conn()
+    payload = b"x" * 300000  # more than a pipe buffer: written across several communicate() rounds
+    proc = subprocess.Popen(["sh", "-c", "sleep 1.2; wc -c; echo done"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out, _err = conn._communicate(proc, payload, 30, "a long call")
+    assert out.split() == [b"300000", b"done"]
+
+
+def test_a_call_is_abandoned_once_ansible_playbook_is_gone(monkeypatch):
+    conn = make_conn(proxmox_vmid=200)
+    parents = iter([4242, 4242, 1])  # the worker's parent: at the start, then gone
+    monkeypatch.setattr(pct.os, "getppid", lambda: next(parents, 1))
+    proc = subprocess.Popen(["sleep", "30"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    began = time.monotonic()
+    with pytest.raises(AnsibleConnectionFailure, match="ansible-playbook is gone: a module in container 200 on"):
+        conn._communicate(proc, None, 30, "a module")
+    assert time.monotonic() - began < 5 and proc.poll() is not None  # killed, not waited for
