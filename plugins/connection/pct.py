@@ -653,10 +653,11 @@ class Connection(ConnectionBase):
         # thread ever blocks on a pipe, so _kill can close them at once.
         parent = os.getppid()
         deadline = time.monotonic() + timeout
-        chunks = {proc.stdout: [], proc.stderr: []}
+        # stdout or stdin may be a file of a put or fetch (then not ours to serve)
+        chunks = {pipe: [] for pipe in (proc.stdout, proc.stderr) if pipe is not None}
         pending = memoryview(in_data or b'')
         with selectors.DefaultSelector() as sel:
-            for pipe in (proc.stdout, proc.stderr):
+            for pipe in chunks:
                 sel.register(pipe, selectors.EVENT_READ)
             if proc.stdin is not None:
                 if pending:
@@ -691,7 +692,7 @@ class Connection(ConnectionBase):
                         sel.unregister(key.fileobj)
                         key.fileobj.close()
         proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        return b''.join(chunks[proc.stdout]), b''.join(chunks[proc.stderr])
+        return (b''.join(chunks[proc.stdout]) if proc.stdout is not None else None), b''.join(chunks[proc.stderr])
 
     @staticmethod
     def _pump(proc: subprocess.Popen, pumps, timeout):

@@ -448,3 +448,16 @@ def test_a_call_is_abandoned_once_ansible_playbook_is_gone(monkeypatch):
     with pytest.raises(AnsibleConnectionFailure, match="ansible-playbook is gone: a module in container 200 on"):
         conn._communicate(proc, None, 30, "a module")
     assert time.monotonic() - began < 5 and proc.poll() is not None  # killed, not waited for
+
+
+def test_a_call_whose_stdio_are_files_serves_only_its_pipes(tmp_path):
+    """put and fetch hand pct a file as stdin or stdout: the call waits for the process, reads
+    stderr, and leaves the files to it."""
+    conn = make_conn()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.write_bytes(b"payload\n" * 1000)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        proc = subprocess.Popen(["sh", "-c", "cat; echo warn >&2"], stdin=fin, stdout=fout, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        out, err = conn._communicate(proc, None, 30, "a fetch")
+    assert out is None and err == b"warn\n" and dst.read_bytes() == src.read_bytes() and proc.returncode == 0
