@@ -170,7 +170,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     delays = [float(d) for d in args.delays.split(",") if d.strip()]
     ansible_playbook()  # before the lab is touched: a missing ansible-playbook says so, no traceback
-    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", OURS, PLAIN], check=True,
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", OURS, PLAIN], check=True,
                    stdout=subprocess.DEVNULL)
     work = os.path.join(ROOT, "bench", "results")
     os.makedirs(work, exist_ok=True)
