@@ -69,6 +69,12 @@ def job_alive(state, pid_alive=None):
     return str(state.get("pid_start", start_ticks)) == start_ticks
 
 
+def observe_job(state_path, alive=job_alive):
+    """One look at the restart job for a waiter: (its state or None, whether it still runs)."""
+    state = read_state(state_path)
+    return state, alive(state)
+
+
 def pid_start(pid):
     """The process's start time in clock ticks (to tell a reused pid), or None."""
     try:

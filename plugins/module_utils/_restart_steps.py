@@ -42,10 +42,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_root impor
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import (
     RestartJob,
-    job_alive,
     outcome_words,
     pid_start,
-    read_state,
     write_state,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
@@ -261,11 +259,6 @@ def job_ended(job_id):
             phase = "%s, %s" % (phase, state["waiting"])
         return waiting(phase, state if mine else None)
     return judge
-
-
-def observe_job(state_path, alive=job_alive):
-    state = read_state(state_path)
-    return state, alive(state)
 
 
 def wait_report(out, state_path):

@@ -109,7 +109,8 @@ def job_over(job_id):
     """Judge of (state, alive): the job ``job_id`` ended (done, died, or another job on record)."""
     def judge(observed, _elapsed):
         state, alive = observed
-        if state.get("job_id") != job_id or state.get("done") or not alive:
+        seen = state or {}  # no state file: nothing to wait for
+        if seen.get("job_id") != job_id or seen.get("done") or not alive:
             return done(state)
         return waiting("restart job %s to end" % job_id)
     return judge

@@ -220,12 +220,11 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
     detach,
     job_ended,
     job_recorded,
-    observe_job,
     run_restart,
     summary,
     wait_report,

@@ -351,7 +351,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
@@ -496,11 +496,9 @@ def take_lock(module, lk, state_path):
 def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
     """Wait (bounded) until the restart job ``job`` (its state, found running) has ended -> words
     for what it did."""
-    def look():
-        state = read_state(state_path) or {}
-        return state, job_alive(state)
-
-    out = poll_until(look, job_over(job.get("job_id")), wait_s, 0.5, clock=clock, sleep=sleep, first=(job, True))
+    # job_alive named at the call: tests swap trainer_status.job_alive
+    out = poll_until(lambda: observe_job(state_path, alive=job_alive), job_over(job.get("job_id")), wait_s, 0.5,
+                     clock=clock, sleep=sleep, first=(job, True))
     return "waited for %s" % outcome_words(out.snapshot[0])
 
 

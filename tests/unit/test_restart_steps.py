@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps as rs
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import START_TIMEOUT_S, STOP_MARGIN_S, StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import outcome_words, read_state, write_state
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import observe_job, outcome_words, read_state, write_state
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
@@ -365,9 +365,9 @@ def test_job_ended_judge():
 def test_observe_job_reads_the_state_file_and_asks_whether_it_lives(tmp_path):
     path = str(tmp_path / "restart.json")
     asked = []
-    assert rs.observe_job(path, alive=lambda s: asked.append(s) or False) == (None, False) and asked == [None]
+    assert observe_job(path, alive=lambda s: asked.append(s) or False) == (None, False) and asked == [None]
     write_state(path, {"job_id": "j1", "phase": "proving"})
-    assert rs.observe_job(path, alive=lambda s: True) == ({"job_id": "j1", "phase": "proving"}, True)
+    assert observe_job(path, alive=lambda s: True) == ({"job_id": "j1", "phase": "proving"}, True)
 
 
 def test_job_message_adds_the_outcome_once():
