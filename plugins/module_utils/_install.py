@@ -6,7 +6,10 @@
 Three copy/template tasks cost five remote calls each over pct (echo ~, mkdtemp, stat, file, rm);
 on a real node every pct call loads Proxmox's Perl stack. ``install_file`` compares and writes one
 file atomically (tmp in the same directory, fsync, rename), creating its directory with the
-given mode; the module runs it for all three and reloads/enables the unit only on a change.
+given mode; ``install_all`` runs it for all three and reloads/enables the unit only on a change -
+for ``trainer_install`` and for the modules that install in the same remote call as their own work
+(``trainer_release`` on a deploy with nothing else to restart for, ``trainer_restart`` before it
+starts the job): ``INSTALL_OPTIONS`` is their shared argument spec.
 """
 
 from __future__ import annotations
@@ -15,7 +18,45 @@ import os
 import stat
 import tempfile
 
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK, judge, observe
+from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
+
+# the options of trainer_install; the `install` option of trainer_release and trainer_restart takes
+# them as suboptions (INSTALL_SUBOPTIONS) but the secret, a top-level option of theirs (env_content,
+# no_log): Ansible logs a module's invocation in the target's journal with a dict option's repr, where
+# a no_log suboption's value with a newline or a backslash no longer matches what it masks
+INSTALL_OPTIONS = dict(
+    unit=dict(type="str", required=True),
+    unit_path=dict(type="path", required=True),
+    unit_content=dict(type="str", required=True),
+    enabled=dict(type="bool", default=True),
+    launcher_path=dict(type="path", required=True),
+    launcher_content=dict(type="str", required=True),
+    env_path=dict(type="path", required=True),
+    env_content=dict(type="str", required=True, no_log=True),
+)
+INSTALL_SUBOPTIONS = dict((k, v) for k, v in INSTALL_OPTIONS.items() if k != "env_content")
+ENV_CONTENT_OPTION = dict(type="str", no_log=True)
+# the role variable that names each file (a refusal names what to set)
+VARIABLES = dict(launcher="trainer_launcher_path", env="trainer_env_file", unit="trainer_unit_name")
+ENABLED_STATES = ("enabled", "enabled-runtime", "alias", "static", "indirect", "generated")
+# what a changed file means for the trainer, in the words of the restart's reasons
+CHANGE_WORDS = (("unit_changed", "unit file changed"), ("env_changed", "environment changed"),
+                ("launcher_changed", "launcher changed"))
+
+
+class InstallError(Exception):
+    """The install refused or failed: ``msg`` and the result so far (``result``)."""
+
+    def __init__(self, msg, result):
+        super(InstallError, self).__init__(msg)
+        self.msg = msg
+        self.result = result
+
+
+def change_reasons(result):
+    """The restart's reasons in ``install_all``'s result (which files changed), in words."""
+    return [words for key, words in CHANGE_WORDS if (result or {}).get(key)]
 
 
 def current(path):
@@ -75,6 +116,71 @@ def install_file(path, content, mode, dir_mode=0o755, check_mode=False):
     return changes
 
 
+def _text(data):
+    return "" if data is None else data.decode("utf-8", "replace")
+
+
+def install_all(p, run, systemctl, check_mode=False, diff=False):
+    """Install the launcher, the environment file and the unit of ``p`` (INSTALL_OPTIONS' values),
+    reload systemd when the unit changed, enable or disable it as asked -> the result
+    (``changed``, ``<name>_changed``, ``enabled_changed``, ``diff`` in diff mode). ``run(argv)``
+    -> (rc, out, err). Raises InstallError before any write when a path holds a file this
+    collection did not write, and when a write or systemctl fails."""
+    files = (
+        ("launcher", p["launcher_path"], p["launcher_content"], 0o755, 0o755),
+        ("env", p["env_path"], ENV_MARK + "\n" + p["env_content"], 0o600, 0o700),
+        ("unit", p["unit_path"], p["unit_content"], 0o644, 0o755),
+    )
+    result = dict(changed=False)
+    # never over a file this collection did not write (trainer_status judged it too; this is the
+    # last look before the write)
+    refused = [why for why in (judge(VARIABLES[name], name, observe(path, name)) for name, path, _c, _m, _d in files)
+               if why]
+    if refused:
+        raise InstallError("refused before any change on the target: %s" % "; ".join(refused), result)
+    diffs = []
+    for name, path, content, mode, dir_mode in files:
+        data = content.encode("utf-8")
+        before, _mode = current(path) if diff else (None, None)
+        try:
+            changes = install_file(path, data, mode, dir_mode, check_mode=check_mode)
+        except (IOError, OSError) as exc:
+            raise InstallError("Unable to write %s: %s" % (path, exc), result) from None
+        result["%s_changed" % name] = bool(changes)
+        result["changed"] = result["changed"] or bool(changes)
+        if diff and changes:
+            old, new = _text(before), content
+            if name == "env":
+                old, new = masked_env(old), masked_env(new)
+            diffs.append(dict(before_header=path, after_header=path, before=old, after=new))
+
+    def systemd(*args):
+        argv = [systemctl] + list(args)
+        try:
+            return run(argv)
+        except CommandTimeout as exc:
+            raise InstallError(str(exc), result) from None
+
+    if result["unit_changed"] and not check_mode:
+        rc, out, err = systemd("daemon-reload")
+        if rc != 0:
+            raise InstallError("systemctl daemon-reload failed: %s" % (err or out).strip(), result)
+    _rc, out, _err = systemd("is-enabled", p["unit"])
+    state = out.strip()
+    want = p["enabled"]
+    result["enabled_changed"] = want != (state in ENABLED_STATES) and not (not want and state in ("static", "generated"))
+    if result["enabled_changed"]:
+        result["changed"] = True
+        if not check_mode:
+            verb = "enable" if want else "disable"
+            rc, out, err = systemd(verb, p["unit"])
+            if rc != 0:
+                raise InstallError("systemctl %s %s failed: %s" % (verb, p["unit"], (err or out).strip()), result)
+    if diffs:
+        result["diff"] = diffs
+    return result
+
+
 def masked_env(text):
     """An EnvironmentFile with every value replaced by ******** (for diffs: values are secrets).
     Every line is masked - a line without ``=`` too - except the collection's own mark line."""
@@ -87,3 +193,26 @@ def masked_env(text):
         else:
             out.append("********")
     return "\n".join(out) + ("\n" if out else "")
+
+
+def install_unless_switched(release_result, p, run, systemctl, unlock=None, check_mode=False):
+    """The install that rides with a deploy's release call (``trainer_release`` with ``install``):
+    only when the release was neither unpacked nor switched - a new release is pre-flighted
+    first and installed by the restart job's call, never before - and, when no file changed
+    either, the play's lock released through ``unlock()`` (-> ``_lock.Outcome``): nothing is left
+    to restart for, and a no-op deploy is two remote calls. In check mode it always says what
+    would change (and writes nothing). -> the fields to add to the release's result: ``install``
+    (install_all's result) and ``lock_released``, or nothing."""
+    if check_mode:
+        installed = install_all(p, run, systemctl, check_mode=True)
+        return dict(install=installed, changed=bool(release_result.get("changed") or installed["changed"]))
+    if release_result.get("needs_archive") or release_result.get("switched") or release_result.get("transferred"):
+        return {}
+    installed = install_all(p, run, systemctl)
+    fields = dict(install=installed, changed=bool(release_result.get("changed") or installed["changed"]))
+    if unlock is not None and not change_reasons(installed):
+        outcome = unlock()
+        fields["lock_released"] = bool(outcome.ok)
+        if not outcome.ok:
+            fields["lock_msg"] = outcome.msg
+    return fields

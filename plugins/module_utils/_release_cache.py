@@ -34,7 +34,7 @@ import re
 import tempfile
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release import file_sha256
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import file_sha256
 
 CACHE_VERSION = 1
 RACY_NS = 3 * 10 ** 9

@@ -18,21 +18,23 @@ import tarfile
 import tempfile
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release import (
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import (
+    extract_archive_entries,
+    extract_delta,
+    fsync_dir,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import _safe_mode as extracted_mode
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
     KIND_FILE,
     KIND_SYMLINK,
     MARKER_NAME,
     RELEASE_ID_LEN,
     BaseReleaseError,
     ReleaseError,
-    extract_archive_entries,
-    extract_delta,
-    fsync_dir,
     hash_entries,
-    manifest_items,
     scan_tree,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release import _safe_mode as extracted_mode
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     is_complete,
     _rand,

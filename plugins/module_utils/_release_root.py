@@ -15,12 +15,12 @@ import os
 import re
 import shutil
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release import (
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import parse_manifest
+from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import fsync_dir
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
     KIND_FILE,
     MARKER_NAME,
     ReleaseError,
-    fsync_dir,
-    parse_manifest,
 )
 
 try:

@@ -12,13 +12,13 @@ import os
 import tempfile
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release import (
-    MARKER_NAME,
-    release_diff,
-    manifest_items,
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils._release_diff import release_diff
+from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import (
     order_newest_first,
     plan_prune,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import MARKER_NAME
 from ansible_collections.dflash.trainer.plugins.module_utils._release_install import (
     _is_fifo,
     install_release,

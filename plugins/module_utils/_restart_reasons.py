@@ -5,6 +5,8 @@ runs is not the one a proof is on record for - a deploy that exits 0 leaves a tr
 ``status`` calls healthy. The role calls it through the ``restart_reasons`` filter.
 """
 
+from ansible_collections.dflash.trainer.plugins.module_utils._install import change_reasons
+
 
 def restart_reasons(before, release, switched=False, install=None, force=False):
     """-> [reason, ...] in words; empty: leave the trainer running untouched.
@@ -19,10 +21,7 @@ def restart_reasons(before, release, switched=False, install=None, force=False):
         reasons.append("forced (trainer_force_restart)")
     if switched:
         reasons.append("release switched to %s" % release)
-    for key, words in (("unit_changed", "unit file changed"), ("env_changed", "environment changed"),
-                       ("launcher_changed", "launcher changed")):
-        if install.get(key):
-            reasons.append(words)
+    reasons.extend(change_reasons(install))
     running = bool(before.get("running"))
     if not running:
         reasons.append("trainer not running")

@@ -7,7 +7,8 @@
 ``Layout`` the release root; ``run_restart`` is the job's entry (the lease, the state file, the
 outcome); ``detach`` runs it in a grandchild detached from the connection; ``job_recorded`` and
 ``job_ended`` judge the job's state file for the one waiter (``_wait.poll_until``); ``summary``,
-``job_message`` and ``wait_report`` shape what the module returns.
+``job_message`` and ``wait_report`` shape what the module returns; ``before_start`` pre-flights
+and installs in the same remote call, before the job is started.
 
 Everything here is imported when the module loads: the detached job is a fork of the module's
 process, never a re-exec, so it needs no file of the module's payload once it runs.
@@ -31,8 +32,10 @@ from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
     start,
     stop,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, release
+from ansible_collections.dflash.trainer.plugins.module_utils._install import change_reasons, install_all
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, play_lease, release
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import run_preflight
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     _Lock,
     read_current,
@@ -191,6 +194,25 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
     result = mask(result, secrets)  # log tails and failure reasons: a trainer may print a token
     record.finish(result)
     return result
+
+
+def before_start(p, get_bin_path, run, systemctl):
+    """What the start call does before it starts the job, in this order: the pre-flight of
+    ``p["preflight"]`` (while the old trainer runs; its environment: ``p["environment_json"]``) and
+    the install of ``p["install"]`` (the launcher, environment file ``p["env_content"]`` and unit), the play's lease renewed meanwhile (a pre-flight may outlast
+    it) -> the fields for the module's result (``preflight``, ``install``); the files that changed
+    join ``p["reasons"]``. Raises _preflight_run.Refused (nothing installed) or
+    _install.InstallError (nothing stopped)."""
+    fields = {}
+    lock = dict(path=p["lock_path"], token=p["lock_token"], lease_s=p["lock_lease_s"]) if p["lock_path"] else None
+    with play_lease(lock):
+        if p.get("preflight"):
+            fields["preflight"] = run_preflight(dict(p["preflight"], environment_json=p.get("environment_json") or "{}"),
+                                                get_bin_path)
+        if p.get("install"):
+            fields["install"] = install_all(dict(p["install"], env_content=p.get("env_content") or ""), run, systemctl)
+    p["reasons"] = list(p["reasons"]) + [r for r in change_reasons(fields.get("install")) if r not in p["reasons"]]
+    return fields
 
 
 def detach(run):

@@ -449,7 +449,7 @@ def src_problems(src, excludes=()):
     nodes, symlink loops and symlinks that resolve outside the tree are refused here, before the
     deploy lock is taken.
     """
-    from ansible_collections.dflash.trainer.plugins.module_utils._release import is_excluded
+    from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import is_excluded
 
     name = "trainer_src"
     accepted = "a readable directory on the controller holding regular files, directories and symlinks that stay inside it"

@@ -97,82 +97,18 @@ enabled_changed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import current, install_file, masked_env
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK, judge, observe
+from ansible_collections.dflash.trainer.plugins.module_utils._install import INSTALL_OPTIONS, InstallError, install_all
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 
 
-VARIABLES = dict(launcher="trainer_launcher_path", env="trainer_env_file", unit="trainer_unit_name")
-
-
-def text(data):
-    return "" if data is None else data.decode("utf-8", "replace")
-
-
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            unit=dict(type="str", required=True),
-            unit_path=dict(type="path", required=True),
-            unit_content=dict(type="str", required=True),
-            enabled=dict(type="bool", default=True),
-            launcher_path=dict(type="path", required=True),
-            launcher_content=dict(type="str", required=True),
-            env_path=dict(type="path", required=True),
-            env_content=dict(type="str", required=True, no_log=True),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    check = module.check_mode
-    files = (
-        ("launcher", p["launcher_path"], p["launcher_content"], 0o755, 0o755),
-        ("env", p["env_path"], ENV_MARK + "\n" + p["env_content"], 0o600, 0o700),
-        ("unit", p["unit_path"], p["unit_content"], 0o644, 0o755),
-    )
-    result = dict(changed=False)
-    # never over a file this collection did not write (trainer_status judged it too; this is the
-    # last look before the write)
-    refused = [why for why in (judge(VARIABLES[name], name, observe(path, name)) for name, path, _c, _m, _d in files)
-               if why]
-    if refused:
-        module.fail_json(msg="refused before any change on the target: %s" % "; ".join(refused), **result)
-    diffs = []
-    for name, path, content, mode, dir_mode in files:
-        data = content.encode("utf-8")
-        before, _mode = current(path) if module._diff else (None, None)
-        try:
-            changes = install_file(path, data, mode, dir_mode, check_mode=check)
-        except (IOError, OSError) as exc:
-            module.fail_json(msg="Unable to write %s: %s" % (path, exc), **result)
-        result["%s_changed" % name] = bool(changes)
-        result["changed"] = result["changed"] or bool(changes)
-        if module._diff and changes:
-            old, new = text(before), content
-            if name == "env":
-                old, new = masked_env(old), masked_env(new)
-            diffs.append(dict(before_header=path, after_header=path, before=old, after=new))
-
+    module = AnsibleModule(argument_spec=INSTALL_OPTIONS, supports_check_mode=True)
     systemctl = module.get_bin_path("systemctl", required=True)
-    run = ModuleRunner(module)
-    if result["unit_changed"] and not check:
-        rc, out, err = run.or_fail([systemctl, "daemon-reload"])
-        if rc != 0:
-            module.fail_json(msg="systemctl daemon-reload failed: %s" % (err or out).strip(), **result)
-    rc, out, _err = run.or_fail([systemctl, "is-enabled", p["unit"]])
-    state = out.strip()
-    want = p["enabled"]
-    is_enabled = state in ("enabled", "enabled-runtime", "alias", "static", "indirect", "generated")
-    result["enabled_changed"] = want != is_enabled and not (not want and state in ("static", "generated"))
-    if result["enabled_changed"]:
-        result["changed"] = True
-        if not check:
-            rc, out, err = run.or_fail([systemctl, "enable" if want else "disable", p["unit"]])
-            if rc != 0:
-                module.fail_json(msg="systemctl %s %s failed: %s" % ("enable" if want else "disable", p["unit"],
-                                                                     (err or out).strip()), **result)
-    if diffs:
-        result["diff"] = diffs
+    try:
+        result = install_all(module.params, ModuleRunner(module), systemctl, check_mode=module.check_mode,
+                             diff=module._diff)
+    except InstallError as exc:
+        module.fail_json(msg=exc.msg, **exc.result)
     module.exit_json(**result)
 
 

@@ -95,151 +95,23 @@ output:
   elements: str
 """
 
-import json
-import os
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import PLAY_LOCK_SPEC, play_lease
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
-    NvidiaSmiError,
-    locate,
-    read_gpus,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight import (
-    SYSTEMD_PATH,
-    command_problem,
-    gpu_problem,
-    output_tail,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout, Runner, run_bounded
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, secret_values
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, parse_show
-
-
-def unit_pids(run, unit):
-    """(running, pids of the unit's control group) through systemctl show."""
-    rc, out, _err = run(["systemctl", "show", unit, "--no-pager", "-p", "ActiveState,SubState,MainPID,ControlGroup"])
-    props = parse_show(out) if rc == 0 else {}
-    pids = set()
-    cgroup = props.get("ControlGroup") or ""
-    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"):
-        try:
-            with open(os.path.join(base, cgroup.lstrip("/"), "cgroup.procs")) as f:
-                pids.update(int(x) for x in f.read().split())
-            break
-        except (IOError, OSError, ValueError):
-            continue
-    main_pid = int_prop(props, "MainPID", 0)
-    if main_pid:
-        pids.add(main_pid)
-    return is_running(props), pids
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import PREFLIGHT_OPTIONS, Refused, run_preflight
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            release_dir=dict(type="path", required=True),
-            command=dict(type="list", elements="str", required=True),
-            environment_json=dict(type="str", default="{}", no_log=True),
-            preflight_command=dict(type="list", elements="str", default=[]),
-            timeout_s=dict(type="float", default=60),
-            unit=dict(type="str", required=True),
-            gpus=dict(type="list", elements="int", default=[]),
-            max_mib=dict(type="int", default=1024),
-            gpu_foreign_mib=dict(type="dict", default={}),
-            nvidia_smi=dict(type="str", default="nvidia-smi"),
-            lock=PLAY_LOCK_SPEC,
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=dict(PREFLIGHT_OPTIONS, lock=PLAY_LOCK_SPEC), supports_check_mode=True)
     # the play's lease is renewed while the pre-flight runs (it may take longer than the lease)
     # (a lease lost meanwhile is found by the restart job, which then touches nothing)
     # The result is printed after the keeper stopped: it probes the module's output (see play_lease).
     try:
         with play_lease(module.params["lock"]):
-            result = preflight(module)
+            result = run_preflight(module.params, module.get_bin_path)
     except Refused as exc:
         module.fail_json(**exc.result)
     module.exit_json(**result)
-
-
-class Refused(Exception):
-    """The pre-flight refused the release: ``result`` is the module's failure (masked)."""
-
-    def __init__(self, result):
-        super().__init__(result.get("msg"))
-        self.result = result
-
-
-def preflight(module):
-    """Run the checks -> the result (secrets masked); raises Refused."""
-    p = module.params
-    try:
-        environment = json.loads(p["environment_json"] or "{}")
-    except ValueError:
-        raise Refused(dict(msg="pre-flight: environment_json is not a JSON object")) from None
-    env = dict((str(k), "" if v is None else str(v)) for k, v in (environment or {}).items())
-    # trainer_env values are secrets: a pre-flight that prints its token shows *** instead
-    secrets = secret_values(env)
-
-    def fail(**kw):
-        raise Refused(mask(kw, secrets))
-
-    path = env.get("PATH", SYSTEMD_PATH)
-    checks = []
-    release_dir = p["release_dir"]
-    if not os.path.isdir(release_dir):
-        fail(msg="pre-flight: release directory %s does not exist" % release_dir, checks=checks)
-
-    problem = command_problem(p["command"], release_dir, path)
-    if problem:
-        fail(msg="pre-flight refused the release (the running trainer is untouched): " + problem, checks=checks)
-    checks.append("command %s can be executed" % p["command"][0])
-
-    result = dict(changed=False, checks=checks)
-    if p["preflight_command"]:
-        run_env = dict(PATH=path, HOME="/root", LANG="C.UTF-8")
-        run_env.update(env)
-        run_env.update(DFLASH_RELEASE=os.path.basename(release_dir.rstrip("/")), DFLASH_RELEASE_DIR=release_dir,
-                       CUDA_VISIBLE_DEVICES="", DFLASH_PREFLIGHT="1")
-        began = time.monotonic()
-        try:
-            rc, out, err = run_bounded(p["preflight_command"], p["timeout_s"], env=run_env, cwd=release_dir)
-        except CommandTimeout as exc:
-            fail(msg="pre-flight refused the release (the running trainer is untouched): "
-                 "trainer_preflight_command did not finish within %g s" % p["timeout_s"],
-                 output=output_tail(exc.stdout, exc.stderr), checks=checks)
-        except OSError as exc:
-            fail(msg="pre-flight refused the release (the running trainer is untouched): "
-                 "trainer_preflight_command cannot run: %s" % exc, checks=checks)
-        tail = output_tail(out, err)
-        result["output"] = tail
-        if rc != 0:
-            last = tail[-1] if tail else "no output"
-            fail(msg="pre-flight refused the release (the running trainer is untouched): "
-                 "trainer_preflight_command exited with status %d: %s" % (rc, last),
-                 output=tail, checks=checks)
-        checks.append("pre-flight command exited 0 in %.1f s" % (time.monotonic() - began))
-
-    if p["gpus"]:
-        nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
-        if nvidia_smi is not None:
-            run = Runner(timeout_s=30)
-            try:
-                gpus, _warnings = read_gpus(run, nvidia_smi, processes=True)
-            except (NvidiaSmiError, CommandTimeout) as exc:
-                fail(msg="pre-flight: %s" % exc, checks=checks)
-            running, pids = unit_pids(run, p["unit"])
-            problem = gpu_problem(gpus, p["gpus"], p["max_mib"], running, pids,
-                                  allowance=mib_by_index(p["gpu_foreign_mib"]))
-            if problem:
-                fail(msg="pre-flight refused the release (the running trainer is untouched): " + problem,
-                     checks=checks)
-            checks.append("no other holder on GPUs %s" % ", ".join(str(g) for g in p["gpus"]))
-    return mask(result, secrets)
 
 
 if __name__ == "__main__":

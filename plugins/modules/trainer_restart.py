@@ -32,6 +32,7 @@ author:
 version_added: 0.2.0
 extends_documentation_fragment:
   - dflash.trainer.log_patterns
+  - dflash.trainer.install_files
 options:
   state:
     description: V(start) starts the job detached and returns; V(run) runs it in the foreground
@@ -48,9 +49,62 @@ options:
     type: path
     default: /var/lib/dflash-trainer/restart.json
   wait_s:
-    description: With O(state=wait), how long to wait for the job to finish before returning its phase.
+    description:
+      - With O(state=wait), how long to wait for the job to finish before returning its phase (default 30).
+      - With O(state=start), how long to wait for it once it started (default 0 - return once it recorded
+        itself). A restart that ends within it needs no O(state=wait) call.
     type: float
-    default: 30
+  environment_json:
+    description: The unit's environment for O(preflight), JSON (a secret, never logged).
+    type: str
+    default: "{}"
+  preflight:
+    description:
+      - With O(state=start), pre-flight the release first, as M(dflash.trainer.trainer_preflight) does (the
+        same checks and options), while the old trainer still runs; a refusal fails the task with
+        RV(preflight_refused), and nothing is installed, stopped or started. O(install) comes next, then the
+        job. The play's lease (O(lock_path), O(lock_token)) is renewed meanwhile.
+    type: dict
+    suboptions:
+      release_dir:
+        description: The release to check.
+        type: path
+        required: true
+      command:
+        description: The trainer's command (argv).
+        type: list
+        elements: str
+        required: true
+      preflight_command:
+        description: The user's pre-flight command, run in the release with no GPU.
+        type: list
+        elements: str
+        default: []
+      timeout_s:
+        description: Bound on the pre-flight command.
+        type: float
+        default: 60
+      unit:
+        description: The unit (its processes are the running trainer's).
+        type: str
+        required: true
+      gpus:
+        description: The trainer's GPUs (none held by another process).
+        type: list
+        elements: int
+        default: []
+      max_mib:
+        description: Memory a GPU may hold and count as free.
+        type: int
+        default: 1024
+      gpu_foreign_mib:
+        description: Other tenants' memory per GPU (the node's view).
+        type: dict
+        default: {}
+      nvidia_smi:
+        description: nvidia-smi on the target.
+        type: str
+        default: nvidia-smi
   unit:
     description: The trainer's unit.
     type: str
@@ -113,9 +167,9 @@ options:
     type: float
     default: 300
   interval_s:
-    description: Poll interval.
+    description: Poll interval of the proof.
     type: float
-    default: 1
+    default: 0.5
   tail_lines:
     description: Lines of the log shown on failure.
     type: int
@@ -200,6 +254,31 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+preflight:
+  description: The pre-flight's result (C(checks), C(output)), when O(preflight) was given.
+  returned: with state=start and preflight
+  type: dict
+preflight_refused:
+  description: The pre-flight refused the release; nothing was installed, stopped or started.
+  returned: on such a failure
+  type: bool
+install:
+  description: What O(install) changed (as M(dflash.trainer.trainer_install) returns it).
+  returned: with state=start and install
+  type: dict
+install_failed:
+  description: O(install) failed; nothing was stopped.
+  returned: on such a failure
+  type: bool
+started:
+  description: The job was started (from here on the deploy lock is the job's).
+  returned: with state=start
+  type: bool
+reasons:
+  description: Why the trainer restarts - O(reasons) and the files O(install) changed.
+  returned: with state=start
+  type: list
+  elements: str
 finished:
   description: Whether the job has finished (O(state=wait)).
   returned: always
@@ -219,9 +298,12 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._install import ENV_CONTENT_OPTION, INSTALL_SUBOPTIONS, InstallError
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import PREFLIGHT_SUBOPTIONS, Refused
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
+    before_start,
     detach,
     job_ended,
     job_recorded,
@@ -229,6 +311,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps impo
     summary,
     wait_report,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_READY_REGEX,
@@ -265,20 +348,34 @@ def start_detached(module):
         module.fail_json(msg="restart job %s was already started" % p["job_id"])
     if job_alive(earlier):
         module.fail_json(msg="refused: %s; one restart at a time" % outcome_words(earlier))
+    try:
+        before = before_start(p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
+    except Refused as exc:  # the old trainer runs on, untouched
+        module.fail_json(preflight_refused=True, **exc.result)
+    except InstallError as exc:  # nothing was stopped
+        module.fail_json(msg=exc.msg, install=exc.result, install_failed=True)
     pid = detach(lambda: run_job(module))
     recorded = poll_until(lambda: read_state(p["state_path"]) or {}, job_recorded(p["job_id"]), 10, 0.05)
-    if recorded.ok:
-        module.exit_json(changed=True, started=True, job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
-                         phase=recorded.value.get("phase"))
-    module.fail_json(msg="restart job %s (pid %s) did not record itself in %s within 10 s"
-                     % (p["job_id"], pid, p["state_path"]))
+    if not recorded.ok:
+        module.fail_json(msg="restart job %s (pid %s) did not record itself in %s within 10 s"
+                         % (p["job_id"], pid, p["state_path"]), **before)
+    started = dict(before, changed=True, started=True, job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
+                   reasons=p["reasons"],
+                   phase=recorded.value.get("phase"), finished=False)
+    if p["wait_s"]:  # the first watch rides with the start (a short restart needs no second call)
+        ok, fields = wait_for_job(p)
+        report(module, ok, dict(started, **dict(fields, changed=True, started=True)))
+    module.exit_json(**started)
+
+
+def wait_for_job(p, clock=time.monotonic, sleep=time.sleep):
+    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive), job_ended(p["job_id"]), p["wait_s"], 0.25,
+                     clock=clock, sleep=sleep)
+    return wait_report(out, p["state_path"])
 
 
 def wait(module, clock=time.monotonic, sleep=time.sleep):
-    p = module.params
-    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive), job_ended(p["job_id"]), p["wait_s"], 0.25,
-                     clock=clock, sleep=sleep)
-    report(module, *wait_report(out, p["state_path"]))
+    report(module, *wait_for_job(module.params, clock=clock, sleep=sleep))
 
 
 def main():
@@ -287,7 +384,11 @@ def main():
             state=dict(type="str", choices=["start", "run", "wait"], default="run"),
             job_id=dict(type="str", required=True),
             state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
-            wait_s=dict(type="float", default=30),
+            wait_s=dict(type="float"),
+            preflight=dict(type="dict", options=PREFLIGHT_SUBOPTIONS),
+            environment_json=dict(type="str", default="{}", no_log=True),
+            install=dict(type="dict", options=INSTALL_SUBOPTIONS),
+            env_content=ENV_CONTENT_OPTION,
             unit=dict(type="str"),
             root=dict(type="path"),
             log_path=dict(type="path"),
@@ -306,7 +407,7 @@ def main():
             hold_s=dict(type="float", default=10),
             stall_s=dict(type="float", default=5),
             timeout_s=dict(type="float", default=300),
-            interval_s=dict(type="float", default=1),
+            interval_s=dict(type="float", default=0.5),
             tail_lines=dict(type="int", default=20),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             rollback=dict(type="bool", default=True),
@@ -323,6 +424,8 @@ def main():
         ),
         supports_check_mode=True,
     )
+    if module.params["wait_s"] is None:
+        module.params["wait_s"] = 30 if module.params["state"] == "wait" else 0
     if module.params["state"] == "wait":
         wait(module)
     if module.check_mode:

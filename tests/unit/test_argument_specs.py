@@ -81,16 +81,23 @@ def uses(entry):
             if inc:
                 todo.append((inc[0], dict(chosen, **{k: v for k, v in inc[1].items() if isinstance(v, str)})))
     text = "\n".join(text)
-    for template in re.findall(r"template'?,\s*'([\w.]+\.j2)'|src:\s*([\w.]+\.j2)", text):
-        text += read("templates", [t for t in template if t][0])
-    names, todo = set(), set(VAR_RE.findall(text))
-    while todo:                           # __trainer_x from vars/main.yml reads what its value names
-        name = todo.pop()
-        if name in names:
-            continue
-        names.add(name)
-        if name in internal:
-            todo.update(VAR_RE.findall(str(internal[name])))
+
+    def closure(found, names):
+        todo = set(found)
+        while todo:                       # __trainer_x from vars/main.yml reads what its value names
+            name = todo.pop()
+            if name in names:
+                continue
+            names.add(name)
+            if name in internal:
+                todo.update(VAR_RE.findall(str(internal[name])))
+        return names
+
+    names = closure(VAR_RE.findall(text), set())
+    # the templates it renders: named in its task files or in the internal variables it reads
+    text += "\n".join(str(internal[n]) for n in sorted(names) if n in internal)
+    for template in set(re.findall(r"template'?,\s*'([\w.]+\.j2)'|src:\s*([\w.]+\.j2)", text)):
+        closure(VAR_RE.findall(read("templates", [t for t in template if t][0])), names)
     return names
 
 

@@ -1,4 +1,5 @@
-"""plugins/module_utils/_release.py: content hash, excludes, archive, safe extraction, prune plan."""
+"""plugins/module_utils/_release_scan.py, _release_archive.py, _release_extract.py, _release_prune.py:
+content hash, excludes, archive, safe extraction, prune plan."""
 from __future__ import annotations
 
 import io
@@ -10,7 +11,32 @@ import tarfile
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
+from ansible_collections.dflash.trainer.plugins.module_utils import _release_extract
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import (
+    ARCHIVE_MTIME,
+    MANIFEST_MEMBER,
+    MANIFEST_VERSION,
+    build_archive,
+    delta_counts,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import (
+    extract_archive,
+    extract_archive_entries,
+    extract_delta,
+    extraction_owner,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import plan_prune
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+    DEFAULT_EXCLUDES,
+    KIND_FILE,
+    BaseReleaseError,
+    Entry,
+    ReleaseError,
+    UnsafeArchiveError,
+    hash_entries,
+    is_excluded,
+    scan_tree,
+)
 
 # A tree is data: relpath -> spec. bytes = file (mode 0644), (bytes, mode) = file with mode,
 # "DIR" / ("DIR", mode) = directory, ("LINK", target) = symlink.
@@ -43,8 +69,8 @@ def make_tree(root, spec):
     return root
 
 
-def tree_id(tmp_path, spec, name="src", excludes=rel.DEFAULT_EXCLUDES):
-    return rel.scan_tree(make_tree(str(tmp_path / name), spec), excludes).release_id
+def tree_id(tmp_path, spec, name="src", excludes=DEFAULT_EXCLUDES):
+    return scan_tree(make_tree(str(tmp_path / name), spec), excludes).release_id
 
 
 # --- hash: stable and order/mtime independent -------------------------------------------------
@@ -52,22 +78,22 @@ def tree_id(tmp_path, spec, name="src", excludes=rel.DEFAULT_EXCLUDES):
 def test_hash_stable_across_runs_and_copies(tmp_path):
     a = tree_id(tmp_path, BASE_TREE, "a")
     b = tree_id(tmp_path, dict(reversed(list(BASE_TREE.items()))), "b")  # other creation order
-    assert a == b == rel.scan_tree(str(tmp_path / "a")).release_id
+    assert a == b == scan_tree(str(tmp_path / "a")).release_id
     assert len(a) == 16 and int(a, 16) >= 0
 
 
 def test_hash_ignores_mtime(tmp_path):
     root = make_tree(str(tmp_path / "src"), BASE_TREE)
-    before = rel.scan_tree(root).release_id
+    before = scan_tree(root).release_id
     for dirpath, dirnames, filenames in os.walk(root):
         for n in dirnames + filenames:
             os.utime(os.path.join(dirpath, n), (1, 1), follow_symlinks=False)
-    assert rel.scan_tree(root).release_id == before
+    assert scan_tree(root).release_id == before
 
 
 def test_hash_entries_independent_of_order():
-    entries = [rel.Entry("b", "f", 0o644, 1, "x"), rel.Entry("a", "d", 0o755)]
-    assert rel.hash_entries(entries) == rel.hash_entries(list(reversed(entries)))
+    entries = [Entry("b", "f", 0o644, 1, "x"), Entry("a", "d", 0o755)]
+    assert hash_entries(entries) == hash_entries(list(reversed(entries)))
 
 
 CHANGES = [
@@ -96,7 +122,7 @@ def test_renamed_file_changes_hash(tmp_path):
 
 
 def test_scan_counts(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), BASE_TREE))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), BASE_TREE))
     assert scan.file_count == 5
     assert scan.bytes == sum(len(v[0] if isinstance(v, tuple) else v)
                              for v in BASE_TREE.values() if not (isinstance(v, tuple) and v[0] == "LINK"))
@@ -107,12 +133,12 @@ def test_scan_counts(tmp_path):
 
 EXCLUDE_CASES = [
     # (extra tree entries, excludes, relpaths expected absent, expected same id as BASE_TREE)
-    ({".git/HEAD": b"ref", ".git/objects/ab": b"x"}, rel.DEFAULT_EXCLUDES, [".git", ".git/HEAD"], True),
-    ({"pkg/__pycache__/model.cpython-311.pyc": b"\0"}, rel.DEFAULT_EXCLUDES,
+    ({".git/HEAD": b"ref", ".git/objects/ab": b"x"}, DEFAULT_EXCLUDES, [".git", ".git/HEAD"], True),
+    ({"pkg/__pycache__/model.cpython-311.pyc": b"\0"}, DEFAULT_EXCLUDES,
      ["pkg/__pycache__"], True),
-    ({"pkg/stale.pyc": b"\0", "top.pyc": b"\0"}, rel.DEFAULT_EXCLUDES, ["pkg/stale.pyc", "top.pyc"], True),
-    ({"checkpoints/step-100.pt": b"w" * 100}, rel.DEFAULT_EXCLUDES, ["checkpoints"], True),
-    ({"logs/a.log": b"x", "logs/b.log": b"y"}, list(rel.DEFAULT_EXCLUDES) + ["*.log"],
+    ({"pkg/stale.pyc": b"\0", "top.pyc": b"\0"}, DEFAULT_EXCLUDES, ["pkg/stale.pyc", "top.pyc"], True),
+    ({"checkpoints/step-100.pt": b"w" * 100}, DEFAULT_EXCLUDES, ["checkpoints"], True),
+    ({"logs/a.log": b"x", "logs/b.log": b"y"}, list(DEFAULT_EXCLUDES) + ["*.log"],
      ["logs/a.log", "logs/b.log"], False),  # logs/ dir itself stays
     ({"data/big.bin": b"x"}, ["data/big.bin"], ["data/big.bin"], False),  # whole relative path
     ({".git/HEAD": b"ref"}, [], [], False),  # excludes off: .git counts
@@ -123,7 +149,7 @@ EXCLUDE_CASES = [
 def test_excludes(tmp_path, extra, excludes, absent, same):
     spec = dict(BASE_TREE)
     spec.update(extra)
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), spec), excludes)
+    scan = scan_tree(make_tree(str(tmp_path / "src"), spec), excludes)
     paths = {e.relpath for e in scan.entries}
     for p in absent:
         assert p not in paths
@@ -139,7 +165,7 @@ def test_excludes(tmp_path, extra, excludes, absent, same):
     ("a/b", [], False),
 ])
 def test_is_excluded_table(relpath, patterns, expected):
-    assert rel.is_excluded(relpath, patterns) is expected
+    assert is_excluded(relpath, patterns) is expected
 
 
 @pytest.mark.parametrize("spec,needle", [
@@ -147,42 +173,42 @@ def test_is_excluded_table(relpath, patterns, expected):
     ({"sub/up": ("LINK", "../../x")}, "points outside"),
 ])
 def test_scan_refuses_escaping_symlinks(tmp_path, spec, needle):
-    with pytest.raises(rel.ReleaseError, match=needle):
-        rel.scan_tree(make_tree(str(tmp_path / "src"), spec))
+    with pytest.raises(ReleaseError, match=needle):
+        scan_tree(make_tree(str(tmp_path / "src"), spec))
 
 
 def test_scan_refuses_fifo(tmp_path):
     root = make_tree(str(tmp_path / "src"), BASE_TREE)
     os.mkfifo(os.path.join(root, "pipe"))
-    with pytest.raises(rel.ReleaseError, match="pipe is not a regular file"):
-        rel.scan_tree(root)
+    with pytest.raises(ReleaseError, match="pipe is not a regular file"):
+        scan_tree(root)
 
 
 def test_scan_missing_src(tmp_path):
-    with pytest.raises(rel.ReleaseError, match="not a directory"):
-        rel.scan_tree(str(tmp_path / "nope"))
+    with pytest.raises(ReleaseError, match="not a directory"):
+        scan_tree(str(tmp_path / "nope"))
 
 
 # --- archive round trip -----------------------------------------------------------------------
 
 def test_archive_deterministic_and_round_trip(tmp_path):
     spec = dict(BASE_TREE, **{"empty": "DIR", "private": ("DIR", 0o700), "private/f": b"r"})
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), spec))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), spec))
     a1, a2 = str(tmp_path / "a1.tar.gz"), str(tmp_path / "a2.tar.gz")
-    assert rel.build_archive(scan, a1) == scan.digest
+    assert build_archive(scan, a1) == scan.digest
     os.utime(os.path.join(scan.root, "trainer.py"), (5, 5))
-    assert rel.build_archive(rel.scan_tree(scan.root), a2) == scan.digest
+    assert build_archive(scan_tree(scan.root), a2) == scan.digest
     assert open(a1, "rb").read() == open(a2, "rb").read()
 
     with tarfile.open(a1) as tar:
         members = tar.getmembers()
     assert [m.name for m in members] == [e.relpath for e in scan.entries]
-    assert all(m.uid == 0 and m.gid == 0 and m.mtime == rel.ARCHIVE_MTIME for m in members)
+    assert all(m.uid == 0 and m.gid == 0 and m.mtime == ARCHIVE_MTIME for m in members)
 
     dest = tmp_path / "dest"
     dest.mkdir()
-    assert rel.extract_archive(a1, str(dest)) == scan.digest
-    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert extract_archive(a1, str(dest)) == scan.digest
+    assert scan_tree(str(dest), []).digest == scan.digest
     assert os.access(dest / "run.sh", os.X_OK)
     assert stat.S_IMODE(os.stat(dest / "run.sh").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(dest / "trainer.py").st_mode) == 0o644
@@ -193,10 +219,10 @@ def test_archive_deterministic_and_round_trip(tmp_path):
 
 
 def test_build_archive_detects_change_during_build(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), BASE_TREE))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), BASE_TREE))
     with open(os.path.join(scan.root, "pkg/model.py"), "wb") as f:
         f.write(b"W = 2\n")  # same size, new content
-    assert rel.build_archive(scan, str(tmp_path / "a.tar.gz")) != scan.digest
+    assert build_archive(scan, str(tmp_path / "a.tar.gz")) != scan.digest
 
 
 # --- unsafe archives --------------------------------------------------------------------------
@@ -246,19 +272,19 @@ def test_unsafe_archives_rejected(tmp_path, what, members, needle):
     archive = _tar(str(tmp_path / "bad.tar.gz"), members)
     dest = tmp_path / "dest"
     dest.mkdir()
-    with pytest.raises(rel.UnsafeArchiveError, match=needle):
-        rel.extract_archive(archive, str(dest))
+    with pytest.raises(UnsafeArchiveError, match=needle):
+        extract_archive(archive, str(dest))
     assert not (tmp_path / "evil").exists() and not (tmp_path / "x").exists()
 
 
 def test_read_only_dir_extracts_and_stays_manageable(tmp_path):
     spec = {"ro": ("DIR", 0o555), "ro/f": b"r"}
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), spec))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), spec))
     archive = str(tmp_path / "a.tar.gz")
-    rel.build_archive(scan, archive)
+    build_archive(scan, archive)
     dest = tmp_path / "dest"
     dest.mkdir()
-    assert rel.extract_archive(archive, str(dest)) == scan.digest  # verified as archived
+    assert extract_archive(archive, str(dest)) == scan.digest  # verified as archived
     assert (dest / "ro" / "f").read_bytes() == b"r"
     assert stat.S_IMODE(os.stat(dest / "ro").st_mode) == 0o755  # owner keeps rwx
     os.chmod(str(tmp_path / "src" / "ro"), 0o755)
@@ -272,7 +298,7 @@ def test_extraction_drops_setuid_and_group_write(tmp_path):
         tar.addfile(ti, io.BytesIO(b"x"))
     dest = tmp_path / "dest"
     dest.mkdir()
-    rel.extract_archive(archive, str(dest))
+    extract_archive(archive, str(dest))
     assert stat.S_IMODE(os.stat(dest / "suid").st_mode) == 0o755
 
 
@@ -294,33 +320,33 @@ PRUNE_CASES = [
 
 @pytest.mark.parametrize("releases,current,last_good,keep,expected", PRUNE_CASES)
 def test_plan_prune(releases, current, last_good, keep, expected):
-    doomed = rel.plan_prune(releases, current, last_good, keep)
+    doomed = plan_prune(releases, current, last_good, keep)
     assert doomed == expected
     assert current not in doomed and last_good not in doomed
-    assert rel.plan_prune(list(releases.items()), current, last_good, keep) == expected
+    assert plan_prune(list(releases.items()), current, last_good, keep) == expected
 
 
 def test_plan_prune_rejects_negative_keep():
     with pytest.raises(ValueError):
-        rel.plan_prune({"a": 1}, "a", None, -1)
+        plan_prune({"a": 1}, "a", None, -1)
 
 
 # --- delta archives ---------------------------------------------------------------------------
 
 def _install_full(tmp_path, spec, name):
     """A base release: spec extracted from a full archive into tmp_path/name; (dir, entries)."""
-    scan = rel.scan_tree(make_tree(str(tmp_path / ("src-" + name)), spec))
+    scan = scan_tree(make_tree(str(tmp_path / ("src-" + name)), spec))
     archive = str(tmp_path / (name + ".tar.gz"))
-    rel.build_archive(scan, archive)
+    build_archive(scan, archive)
     dest = tmp_path / name
     dest.mkdir()
-    digest, entries = rel.extract_archive_entries(archive, str(dest))
+    digest, entries = extract_archive_entries(archive, str(dest))
     assert digest == scan.digest
     return str(dest), entries
 
 
 def _have(entries):
-    return sorted(set(e.payload for e in entries if e.kind == rel.KIND_FILE))
+    return sorted(set(e.payload for e in entries if e.kind == KIND_FILE))
 
 
 def test_delta_round_trip_reuses_base_files_byte_and_mode_exact(tmp_path):
@@ -329,24 +355,24 @@ def test_delta_round_trip_reuses_base_files_byte_and_mode_exact(tmp_path):
     spec["trainer.py"] = b"print('step=2')\n"  # changed: sent
     spec["pkg/model.py"] = (b"W = 1\n", 0o600)  # same content, other mode: reused, mode from manifest
     spec["pkg/copy.py"] = b"W = 1\n"  # same content at a new path: reused
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    scan = scan_tree(make_tree(str(tmp_path / "src-new"), spec))
     archive = str(tmp_path / "delta.tar.gz")
-    assert rel.build_archive(scan, archive, have=_have(base_entries)) == scan.digest
-    assert rel.delta_counts(scan, _have(base_entries)) == (1, 5)
+    assert build_archive(scan, archive, have=_have(base_entries)) == scan.digest
+    assert delta_counts(scan, _have(base_entries)) == (1, 5)
     with tarfile.open(archive) as tar:
         names = tar.getnames()
-    assert names[0] == rel.MANIFEST_MEMBER
+    assert names[0] == MANIFEST_MEMBER
     assert "trainer.py" in names and "pkg/model.py" not in names and "run.sh" not in names
     assert "pkg" in names and "latest.py" in names  # directories and symlinks always go
 
     dest = tmp_path / "new"
     dest.mkdir()
-    result = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    result = extract_delta(archive, str(dest), base_dir, base_entries)
     digest, entries, sent, reused = result
     assert digest == scan.digest and (sent, reused) == (1, 5)
     # pkg/model.py changed mode: copied; every other reused file is hard-linked
     assert (result.linked, result.copied) == (4, 1)
-    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert scan_tree(str(dest), []).digest == scan.digest
     assert sorted(entries, key=lambda e: e.relpath) == sorted(scan.entries, key=lambda e: e.relpath)
     assert (dest / "run.sh").read_bytes() == BASE_TREE["run.sh"][0] and os.access(dest / "run.sh", os.X_OK)
     assert stat.S_IMODE(os.stat(dest / "pkg" / "model.py").st_mode) == 0o600
@@ -368,59 +394,59 @@ def test_delta_round_trip_reuses_base_files_byte_and_mode_exact(tmp_path):
 def test_delta_links_survive_pruning_the_base(tmp_path):
     base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
     spec = dict(BASE_TREE, **{"trainer.py": b"print('step=2')\n"})
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    scan = scan_tree(make_tree(str(tmp_path / "src-new"), spec))
     archive = str(tmp_path / "delta.tar.gz")
-    rel.build_archive(scan, archive, have=_have(base_entries))
+    build_archive(scan, archive, have=_have(base_entries))
     dest = tmp_path / "new"
     dest.mkdir()
-    result = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    result = extract_delta(archive, str(dest), base_dir, base_entries)
     assert result.linked == 4 and result.copied == 0 and result.sent == 1
     assert os.stat(dest / "run.sh").st_nlink == 2
     shutil.rmtree(base_dir)  # prune the base release
     assert os.stat(dest / "run.sh").st_nlink == 1
-    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert scan_tree(str(dest), []).digest == scan.digest
     assert os.access(dest / "run.sh", os.X_OK) and (dest / "pkg" / "model.py").read_bytes() == b"W = 1\n"
 
 
 def test_delta_link_false_or_other_owner_copies(tmp_path, monkeypatch):
     base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"trainer.py": b"2\n"})))
+    scan = scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"trainer.py": b"2\n"})))
     archive = str(tmp_path / "delta.tar.gz")
-    rel.build_archive(scan, archive, have=_have(base_entries))
+    build_archive(scan, archive, have=_have(base_entries))
     (tmp_path / "a").mkdir()
-    result = rel.extract_delta(archive, str(tmp_path / "a"), base_dir, base_entries, link=False)
+    result = extract_delta(archive, str(tmp_path / "a"), base_dir, base_entries, link=False)
     assert (result.linked, result.copied) == (0, 4) and result.digest == scan.digest
     assert os.stat(tmp_path / "a" / "run.sh").st_ino != os.stat(os.path.join(base_dir, "run.sh")).st_ino
     # a base whose files a fresh extraction would give another owner: copies
-    monkeypatch.setattr(rel, "extraction_owner", lambda dest: (os.geteuid() + 1, os.getegid()))
+    monkeypatch.setattr(_release_extract, "extraction_owner", lambda dest: (os.geteuid() + 1, os.getegid()))
     (tmp_path / "b").mkdir()
-    result = rel.extract_delta(archive, str(tmp_path / "b"), base_dir, base_entries)
+    result = extract_delta(archive, str(tmp_path / "b"), base_dir, base_entries)
     assert (result.linked, result.copied) == (0, 4) and result.digest == scan.digest
 
 
 def test_delta_falls_back_to_a_copy_when_link_fails(tmp_path, monkeypatch):
     base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"trainer.py": b"2\n"})))
+    scan = scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"trainer.py": b"2\n"})))
     archive = str(tmp_path / "delta.tar.gz")
-    rel.build_archive(scan, archive, have=_have(base_entries))
+    build_archive(scan, archive, have=_have(base_entries))
 
     def no_link(src, dst, **kw):
         raise OSError(18, "Invalid cross-device link")  # EXDEV: another filesystem
-    monkeypatch.setattr(rel.os, "link", no_link)
+    monkeypatch.setattr(os, "link", no_link)
     dest = tmp_path / "new"
     dest.mkdir()
-    result = rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    result = extract_delta(archive, str(dest), base_dir, base_entries)
     assert (result.linked, result.copied) == (0, 4) and result.digest == scan.digest
-    assert rel.scan_tree(str(dest), []).digest == scan.digest
+    assert scan_tree(str(dest), []).digest == scan.digest
     assert os.stat(dest / "run.sh").st_nlink == 1 and os.access(dest / "run.sh", os.X_OK)
 
 
 def test_extraction_owner_is_what_extraction_gives(tmp_path):
     (tmp_path / "d").mkdir()
     archive = _tar(str(tmp_path / "a.tar.gz"), [("x", "file", b"x")])
-    rel.extract_archive(archive, str(tmp_path / "d"))
+    extract_archive(archive, str(tmp_path / "d"))
     st = os.stat(tmp_path / "d" / "x")
-    assert rel.extraction_owner(str(tmp_path / "d")) == (st.st_uid, st.st_gid)
+    assert extraction_owner(str(tmp_path / "d")) == (st.st_uid, st.st_gid)
 
 
 def test_delta_detects_a_tampered_base_file(tmp_path):
@@ -428,44 +454,44 @@ def test_delta_detects_a_tampered_base_file(tmp_path):
     with open(os.path.join(base_dir, "pkg", "model.py"), "wb") as f:
         f.write(b"W = 9\n")  # same size, other bytes: the manifest still says W = 1
     spec = dict(BASE_TREE, **{"trainer.py": b"print('step=2')\n"})
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    scan = scan_tree(make_tree(str(tmp_path / "src-new"), spec))
     archive = str(tmp_path / "delta.tar.gz")
-    rel.build_archive(scan, archive, have=_have(base_entries))
+    build_archive(scan, archive, have=_have(base_entries))
     dest = tmp_path / "new"
     dest.mkdir()
-    with pytest.raises(rel.BaseReleaseError, match="does not match its recorded sha256"):
-        rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    with pytest.raises(BaseReleaseError, match="does not match its recorded sha256"):
+        extract_delta(archive, str(dest), base_dir, base_entries)
     # checked before linking: the tampered file (mode and owner fit for a link) is not in dest,
     # and nothing in dest shares its inode
     assert not (dest / "pkg" / "model.py").exists()
     tampered = os.stat(os.path.join(base_dir, "pkg", "model.py"))
     assert tampered.st_nlink == 1
-    assert rel.extraction_owner(str(dest)) == (tampered.st_uid, tampered.st_gid)
+    assert extraction_owner(str(dest)) == (tampered.st_uid, tampered.st_gid)
 
 
 def test_delta_base_lacking_a_file_is_a_base_error(tmp_path):
     base_dir, base_entries = _install_full(tmp_path, BASE_TREE, "base")
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"x.py": b"new\n"})))
+    scan = scan_tree(make_tree(str(tmp_path / "src-new"), dict(BASE_TREE, **{"x.py": b"new\n"})))
     archive = str(tmp_path / "delta.tar.gz")
-    rel.build_archive(scan, archive, have=_have(base_entries) + ["0" * 64])
+    build_archive(scan, archive, have=_have(base_entries) + ["0" * 64])
     os.unlink(os.path.join(base_dir, "trainer.py"))
     dest = tmp_path / "new"
     dest.mkdir()
-    with pytest.raises(rel.BaseReleaseError, match="trainer.py"):
-        rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    with pytest.raises(BaseReleaseError, match="trainer.py"):
+        extract_delta(archive, str(dest), base_dir, base_entries)
     # a sha the base manifest does not know at all
     dest2 = tmp_path / "new2"
     dest2.mkdir()
-    with pytest.raises(rel.BaseReleaseError, match="neither in the archive nor in the base"):
-        rel.extract_delta(archive, str(dest2), base_dir, [e for e in base_entries if e.relpath != "run.sh"])
+    with pytest.raises(BaseReleaseError, match="neither in the archive nor in the base"):
+        extract_delta(archive, str(dest2), base_dir, [e for e in base_entries if e.relpath != "run.sh"])
 
 
 def _delta_tar(path, manifest_entries, members=(), raw_manifest=None):
     """A delta archive by hand: manifest member first (items as given), then members (_tar kinds)."""
     data = raw_manifest if raw_manifest is not None else json.dumps(
-        {"version": rel.MANIFEST_VERSION, "entries": manifest_entries}).encode()
+        {"version": MANIFEST_VERSION, "entries": manifest_entries}).encode()
     with tarfile.open(path, "w:gz") as tar:
-        ti = tarfile.TarInfo(rel.MANIFEST_MEMBER)
+        ti = tarfile.TarInfo(MANIFEST_MEMBER)
         ti.size = len(data)
         tar.addfile(ti, io.BytesIO(data))
         for name, kind, extra in members:
@@ -501,8 +527,8 @@ def test_delta_manifest_paths_are_checked(tmp_path, what, items, needle):
     archive = _delta_tar(str(tmp_path / "bad.tar.gz"), items)
     dest = tmp_path / "dest"
     dest.mkdir()
-    with pytest.raises(rel.UnsafeArchiveError, match=needle):
-        rel.extract_delta(archive, str(dest), base_dir, base_entries)
+    with pytest.raises(UnsafeArchiveError, match=needle):
+        extract_delta(archive, str(dest), base_dir, base_entries)
     assert not (tmp_path / "evil").exists() and os.listdir(str(dest)) == []
 
 
@@ -526,31 +552,31 @@ def test_delta_archive_must_match_its_manifest(tmp_path):
             _delta_tar(path, items, members)
         dest = tmp_path / ("dest%d" % i)
         dest.mkdir()
-        with pytest.raises(rel.UnsafeArchiveError, match=needle):
-            rel.extract_delta(path, str(dest), base_dir, base_entries)
-    with pytest.raises(rel.UnsafeArchiveError, match="unreadable manifest"):
+        with pytest.raises(UnsafeArchiveError, match=needle):
+            extract_delta(path, str(dest), base_dir, base_entries)
+    with pytest.raises(UnsafeArchiveError, match="unreadable manifest"):
         (tmp_path / "destx").mkdir()
-        rel.extract_delta(_delta_tar(str(tmp_path / "x.tar.gz"), None, raw_manifest=b"{nope"),
-                          str(tmp_path / "destx"), base_dir, base_entries)
+        extract_delta(_delta_tar(str(tmp_path / "x.tar.gz"), None, raw_manifest=b"{nope"),
+                      str(tmp_path / "destx"), base_dir, base_entries)
 
 
 def test_delta_member_named_like_the_manifest_is_a_plain_file(tmp_path):
-    spec = dict(BASE_TREE, **{rel.MANIFEST_MEMBER: b"a file of the tree\n"})
+    spec = dict(BASE_TREE, **{MANIFEST_MEMBER: b"a file of the tree\n"})
     base_dir, base_entries = _install_full(tmp_path, spec, "base")
-    assert (tmp_path / "base" / rel.MANIFEST_MEMBER).read_bytes() == b"a file of the tree\n"
-    spec[rel.MANIFEST_MEMBER] = b"changed\n"
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src-new"), spec))
+    assert (tmp_path / "base" / MANIFEST_MEMBER).read_bytes() == b"a file of the tree\n"
+    spec[MANIFEST_MEMBER] = b"changed\n"
+    scan = scan_tree(make_tree(str(tmp_path / "src-new"), spec))
     archive = str(tmp_path / "delta.tar.gz")
-    rel.build_archive(scan, archive, have=_have(base_entries))
+    build_archive(scan, archive, have=_have(base_entries))
     dest = tmp_path / "new"
     dest.mkdir()
-    assert rel.extract_delta(archive, str(dest), base_dir, base_entries)[0] == scan.digest
-    assert (dest / rel.MANIFEST_MEMBER).read_bytes() == b"changed\n"
+    assert extract_delta(archive, str(dest), base_dir, base_entries)[0] == scan.digest
+    assert (dest / MANIFEST_MEMBER).read_bytes() == b"changed\n"
 
 
 def test_plan_prune_never_deletes_the_release_current_pointed_at_before():
     # switching current from c (the running trainer's) to d, last good a, keep 2
-    assert rel.plan_prune({"a": 1, "b": 2, "c": 3, "d": 4}, "d", "a", 2, also=("c",)) == ["b"]
+    assert plan_prune({"a": 1, "b": 2, "c": 3, "d": 4}, "d", "a", 2, also=("c",)) == ["b"]
     # a run of failed releases: last good a runs, f is new; keep 3 -> a, f and the newest other
-    assert rel.plan_prune({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}, "f", "a", 3, also=("a",)) == \
+    assert plan_prune({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}, "f", "a", 3, also=("a",)) == \
         ["b", "c", "d"]

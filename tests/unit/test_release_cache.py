@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import file_sha256, scan_tree
 from ansible_collections.dflash.trainer.plugins.module_utils import _release_cache as rc
 
 LATER = 3600 * 10 ** 9  # the fake clock reads one hour after every file's ctime: nothing is racy
@@ -22,7 +22,7 @@ class Counting(object):
 
     def __call__(self, path):
         self.paths.append(os.path.relpath(path))
-        return rel.file_sha256(path)
+        return file_sha256(path)
 
 
 def tree(tmp_path):
@@ -40,7 +40,7 @@ def scan(src, cache_dir, now_ns=None, racy_ns=rc.RACY_NS):
     clock = now_ns or (lambda: max(os.lstat(os.path.join(d, f)).st_ctime_ns
                                    for d, _ds, fs in os.walk(str(src)) for f in fs) + LATER)
     cache = rc.HashCache.for_tree(str(src), str(cache_dir), now_ns=clock, racy_ns=racy_ns, hash_file=counting)
-    result = rel.scan_tree(str(src), (), hasher=cache.hasher)
+    result = scan_tree(str(src), (), hasher=cache.hasher)
     cache.save()
     return result, cache, counting
 
@@ -51,7 +51,7 @@ def test_unchanged_files_are_not_read_again_and_the_id_is_the_same(tmp_path):
     assert c1.hashed == 3 and c1.hits == 0 and len(h1.paths) == 3
     second, c2, h2 = scan(src, cdir)
     assert c2.hashed == 0 and c2.hits == 3 and h2.paths == []
-    assert second.digest == first.digest == rel.scan_tree(str(src), ()).digest
+    assert second.digest == first.digest == scan_tree(str(src), ()).digest
 
 
 def change_in_place_same_size_same_mtime(path):
@@ -83,7 +83,7 @@ def test_a_changed_file_is_hashed_again(tmp_path, change):
     second, cache, counting = scan(src, cdir)
     assert counting.paths == [os.path.relpath(str(src / "weights.bin"))]
     assert second.digest != first.digest
-    assert second.digest == rel.scan_tree(str(src), ()).digest
+    assert second.digest == scan_tree(str(src), ()).digest
 
 
 def test_racily_young_files_are_hashed_but_not_cached(tmp_path):
@@ -132,7 +132,7 @@ def test_a_broken_cache_file_is_ignored(tmp_path, content):
     with open(path, "wb") as f:
         f.write(content)
     result, cache, _h = scan(src, cdir)
-    assert cache.hashed == 3 and result.digest == rel.scan_tree(str(src), ()).digest
+    assert cache.hashed == 3 and result.digest == scan_tree(str(src), ()).digest
     assert json.loads(open(path).read())["version"] == rc.CACHE_VERSION  # rewritten whole
 
 
@@ -148,7 +148,7 @@ def test_a_forged_entry_for_another_stat_is_not_believed(tmp_path):
         json.dump(doc, f)
     result, cache, counting = scan(src, cdir)
     assert counting.paths == [os.path.relpath(str(src / "weights.bin"))]
-    assert result.digest == rel.scan_tree(str(src), ()).digest
+    assert result.digest == scan_tree(str(src), ()).digest
 
 
 def test_an_unwritable_cache_directory_is_only_a_note(tmp_path):
@@ -156,7 +156,7 @@ def test_an_unwritable_cache_directory_is_only_a_note(tmp_path):
     blocker = tmp_path / "file-not-dir"
     blocker.write_text("x")
     result, cache, _h = scan(src, blocker / "cache")
-    assert result.digest == rel.scan_tree(str(src), ()).digest
+    assert result.digest == scan_tree(str(src), ()).digest
     assert cache.error and "cannot write" in cache.error
 
 

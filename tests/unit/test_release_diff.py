@@ -6,8 +6,13 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
-from ansible_collections.dflash.trainer.plugins.module_utils._release import Entry
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive
+from ansible_collections.dflash.trainer.plugins.module_utils._release_diff import (
+    human_size,
+    manifest_changes,
+    release_diff,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import Entry, scan_tree
 
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64
 
@@ -26,11 +31,11 @@ AFTER = tree(("pkg", "d", 0o755), ("pkg/model.py", "f", 0o644, 1300, SHA_C), ("r
 @pytest.mark.parametrize("n, words", [(0, "0 B"), (512, "512 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
                                       (3 * 1024 * 1024, "3.0 MiB"), (5 * 1024 ** 4, "5120.0 GiB")])
 def test_human_size(n, words):
-    assert rel.human_size(n) == words
+    assert human_size(n) == words
 
 
 def test_changes_list_added_removed_modified_sorted():
-    assert rel.manifest_changes(BEFORE, AFTER) == [
+    assert manifest_changes(BEFORE, AFTER) == [
         ("+", "data/new.bin", "(3.0 MiB)"),
         ("M", "latest", "(-> run.sh, was -> pkg/model.py)"),
         ("-", "old.txt", ""),
@@ -40,21 +45,21 @@ def test_changes_list_added_removed_modified_sorted():
 
 
 def test_same_tree_no_change_and_directories_alone_are_not_listed():
-    assert rel.manifest_changes(BEFORE, BEFORE) == []
-    assert rel.manifest_changes(tree(("a", "d", 0o755)), tree(("b", "d", 0o755))) == []
+    assert manifest_changes(BEFORE, BEFORE) == []
+    assert manifest_changes(tree(("a", "d", 0o755)), tree(("b", "d", 0o755))) == []
     # a file that became a directory is
-    assert rel.manifest_changes(tree(("x", "f", 0o644, 5, SHA_A)), tree(("x", "d", 0o755))) == [
+    assert manifest_changes(tree(("x", "f", 0o644, 5, SHA_A)), tree(("x", "d", 0o755))) == [
         ("M", "x", "(directory, was 5 B)")]
 
 
 def test_content_and_mode_change_together():
     a = tree(("t.py", "f", 0o644, 10, SHA_A))
     b = tree(("t.py", "f", 0o755, 10, SHA_B))
-    assert rel.manifest_changes(a, b) == [("M", "t.py", "(10 B → 10 B) mode 0644 → 0755")]
+    assert manifest_changes(a, b) == [("M", "t.py", "(10 B → 10 B) mode 0644 → 0755")]
 
 
 def test_release_diff_is_a_prepared_ansible_diff():
-    d = rel.release_diff(BEFORE, AFTER, "1111111111111111", "2222222222222222")
+    d = release_diff(BEFORE, AFTER, "1111111111111111", "2222222222222222")
     assert list(d) == ["prepared"]
     lines = d["prepared"].splitlines()
     assert lines[0] == "release 1111111111111111 → 2222222222222222: 1 added, 1 removed, 3 modified"
@@ -63,11 +68,11 @@ def test_release_diff_is_a_prepared_ansible_diff():
 
 
 def test_first_release_lists_every_file_added():
-    d = rel.release_diff(None, AFTER, None, "2222222222222222")["prepared"].splitlines()
+    d = release_diff(None, AFTER, None, "2222222222222222")["prepared"].splitlines()
     assert d[0] == "release (none) → 2222222222222222: 4 added, 0 removed, 0 modified"
     assert "+ pkg/model.py (1.3 KiB)" in d and "+ latest (-> run.sh)" in d
     # a current release without a manifest says so
-    d = rel.release_diff(None, AFTER, "1111111111111111", "2222222222222222")["prepared"]
+    d = release_diff(None, AFTER, "1111111111111111", "2222222222222222")["prepared"]
     assert "records no manifest" in d
 
 
@@ -82,9 +87,9 @@ def make_tree(path, files):
 
 def install(root, src):
     from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
-    scan = rel.scan_tree(str(src))
+    scan = scan_tree(str(src))
     archive = str(src) + ".tar.gz"
-    rel.build_archive(scan, archive)
+    build_archive(scan, archive)
     mod.run(dict(root=str(root), state="present", release=scan.release_id, archive=archive, keep=5))
     return scan.release_id
 
@@ -110,7 +115,7 @@ def test_module_diff_on_switch_and_rollback(tmp_path):
     assert r["diff"]["prepared"].startswith("release %s → %s: 0 added, 1 removed" % (two, one))
     # without diff mode: no diff, and the needs_archive answer carries no manifest
     make_tree(tmp_path / "three", {"run.sh": "#!/bin/sh\n"})
-    scan = rel.scan_tree(str(tmp_path / "three"))
+    scan = scan_tree(str(tmp_path / "three"))
     r = mod.run(dict(root=str(root), state="present", release=scan.release_id, keep=5))
     assert r["needs_archive"] and "base_manifest" not in r and "diff" not in r
     r = mod.run(dict(root=str(root), state="present", release=scan.release_id, keep=5), diff=True)

@@ -8,7 +8,13 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive, manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+    KIND_FILE,
+    MARKER_NAME,
+    RELEASE_ID_LEN,
+    scan_tree,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils import _release_install as inst
 from ansible_collections.dflash.trainer.plugins.module_utils import _release_states as states
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
@@ -46,9 +52,9 @@ def root(tmp_path):
 def build(tmp_path, version, have=None, link=False):
     """(release id, archive path, scan) of a source tree for version (a delta with have)."""
     src = make_src(str(tmp_path / ("src-%s" % version)), version, link=link)
-    scan = rel.scan_tree(src)
+    scan = scan_tree(src)
     archive = str(tmp_path / ("%s%s.tar.gz" % (version, "-delta" if have is not None else "")))
-    rel.build_archive(scan, archive, have=have)
+    build_archive(scan, archive, have=have)
     return scan.release_id, archive, scan
 
 
@@ -67,11 +73,11 @@ def test_install_release_unpacks_checks_and_writes_the_marker(tmp_path, root):
     assert stats == dict(delta=False, sent_files=3, reused_files=0, linked_files=0, copied_files=0)
     assert is_complete(root, rid)
     assert sorted(os.listdir(releases_dir(root))) == [rid]  # no .tmp-* left behind
-    with open(os.path.join(release_path(root, rid), rel.MARKER_NAME)) as f:
+    with open(os.path.join(release_path(root, rid), MARKER_NAME)) as f:
         marker = json.load(f)
-    assert marker["id"] == rid and marker["digest"][:rel.RELEASE_ID_LEN] == rid
-    assert marker["manifest"] == rel.manifest_items(scan.entries)
-    assert rel.scan_tree(release_path(root, rid), [rel.MARKER_NAME]).release_id == rid
+    assert marker["id"] == rid and marker["digest"][:RELEASE_ID_LEN] == rid
+    assert marker["manifest"] == manifest_items(scan.entries)
+    assert scan_tree(release_path(root, rid), [MARKER_NAME]).release_id == rid
 
 
 def test_install_release_refuses_an_archive_of_another_release(tmp_path, root):
@@ -117,12 +123,12 @@ def test_install_release_replaces_an_incomplete_leftover_with_its_id(tmp_path, r
 def test_install_release_from_a_delta_reuses_the_base_files(tmp_path, root):
     r1, archive1, scan1 = build(tmp_path, "v1")
     inst.install_release(root, r1, archive1)
-    have = sorted(set(e.payload for e in scan1.entries if e.kind == rel.KIND_FILE))
+    have = sorted(set(e.payload for e in scan1.entries if e.kind == KIND_FILE))
     r2, delta, _scan = build(tmp_path, "v2", have=have)
     stats = inst.install_release(root, r2, delta, base=r1)
     assert stats["delta"] is True and stats["sent_files"] == 1 and stats["reused_files"] == 2
     assert stats["linked_files"] + stats["copied_files"] == 2
-    assert rel.scan_tree(release_path(root, r2), [rel.MARKER_NAME]).release_id == r2
+    assert scan_tree(release_path(root, r2), [MARKER_NAME]).release_id == r2
 
 
 def test_is_fifo(tmp_path):
@@ -172,18 +178,18 @@ def test_verify_release_names_every_kind_of_change(root, installed):
 
 def test_verify_release_without_a_manifest(root, installed):
     rid, path = installed
-    marker = os.path.join(path, rel.MARKER_NAME)
+    marker = os.path.join(path, MARKER_NAME)
     with open(marker) as f:
         data = json.load(f)
     del data["manifest"]
     with open(marker, "w") as f:
         json.dump(data, f)
-    assert inst.verify_release(root, rid) == (False, ["%s: the marker records no readable manifest" % rel.MARKER_NAME])
+    assert inst.verify_release(root, rid) == (False, ["%s: the marker records no readable manifest" % MARKER_NAME])
 
 
 def test_verify_release_of_a_manifest_that_is_not_the_release(root, installed):
     rid, path = installed
-    marker = os.path.join(path, rel.MARKER_NAME)
+    marker = os.path.join(path, MARKER_NAME)
     with open(marker) as f:
         data = json.load(f)
     data["manifest"] = [m for m in data["manifest"] if m[0] != "run.sh"]
@@ -191,7 +197,7 @@ def test_verify_release_of_a_manifest_that_is_not_the_release(root, installed):
         json.dump(data, f)
     ok, mismatches = inst.verify_release(root, rid)
     assert ok is False
-    assert mismatches == ["%s: the recorded manifest is not that of release %s" % (rel.MARKER_NAME, rid),
+    assert mismatches == ["%s: the recorded manifest is not that of release %s" % (MARKER_NAME, rid),
                           "run.sh: not in the manifest"]
 
 

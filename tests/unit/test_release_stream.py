@@ -13,7 +13,20 @@ import threading
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.action import trainer_release as act
-from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import archive_estimate, write_archive
+from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import (
+    GZIP_MAGIC,
+    _ForwardReader,
+    extract_archive,
+    extract_archive_entries,
+    extract_delta,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+    KIND_FILE,
+    MARKER_NAME,
+    ReleaseError,
+    scan_tree,
+)
 from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
 
 from test_pct_connection import FAKE_PCT, make_conn  # pylint: disable=wrong-import-order
@@ -65,91 +78,91 @@ def written_to_fifo(fifo, data_or_writer):
 
 @pytest.mark.parametrize("level", [None, 1])
 def test_plain_and_gzip_archives_carry_the_same_release(tmp_path, level):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), big=200000))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), big=200000))
     buf = io.BytesIO()
-    digest, size = rel.write_archive(scan, buf, compresslevel=level)
+    digest, size = write_archive(scan, buf, compresslevel=level)
     data = buf.getvalue()
     assert digest == scan.digest and size == len(data)
-    assert data[:2] == rel.GZIP_MAGIC if level else data[:2] != rel.GZIP_MAGIC
+    assert data[:2] == GZIP_MAGIC if level else data[:2] != GZIP_MAGIC
     again = io.BytesIO()
-    rel.write_archive(rel.scan_tree(scan.root), again, compresslevel=level)
+    write_archive(scan_tree(scan.root), again, compresslevel=level)
     assert again.getvalue() == data  # deterministic
     path = tmp_path / "a.tar"
     path.write_bytes(data)
     dest = tmp_path / "dest"
     dest.mkdir()
-    assert rel.extract_archive(str(path), str(dest)) == scan.digest
+    assert extract_archive(str(path), str(dest)) == scan.digest
     assert sha_of(dest / "weights.bin") == sha_of(os.path.join(scan.root, "weights.bin"))
 
 
 def test_estimate_bounds_the_plain_tar(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), big=123457))
-    size = rel.write_archive(scan, io.BytesIO())[1]
-    assert size <= rel.archive_estimate(scan) < size + 64 * 1024
+    scan = scan_tree(make_tree(str(tmp_path / "src"), big=123457))
+    size = write_archive(scan, io.BytesIO())[1]
+    assert size <= archive_estimate(scan) < size + 64 * 1024
     have = [e.payload for e in scan.entries if e.relpath == "weights.bin"]
-    delta = rel.write_archive(scan, io.BytesIO(), have=have)[1]
-    assert delta <= rel.archive_estimate(scan, have) < rel.archive_estimate(scan) - 100000
+    delta = write_archive(scan, io.BytesIO(), have=have)[1]
+    assert delta <= archive_estimate(scan, have) < archive_estimate(scan) - 100000
 
 
 def test_stat_check_names_a_file_changed_after_the_scan(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), big=4096))
-    assert rel.write_archive(scan, io.BytesIO(), check="stat")[0] == scan.digest
+    scan = scan_tree(make_tree(str(tmp_path / "src"), big=4096))
+    assert write_archive(scan, io.BytesIO(), check="stat")[0] == scan.digest
     path = os.path.join(scan.root, "pkg", "m03.py")
     st = os.stat(path)
     with open(path, "r+b") as f:  # same size, other content, mtime put back: ctime still moves
         f.write(b"Y")
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert rel.write_archive(scan, io.BytesIO(), check="stat")[0] != scan.digest
-    assert rel.write_archive(scan, io.BytesIO(), check="hash")[0] != scan.digest
+    assert write_archive(scan, io.BytesIO(), check="stat")[0] != scan.digest
+    assert write_archive(scan, io.BytesIO(), check="hash")[0] != scan.digest
 
 
 def test_stat_check_refuses_a_file_that_shrank(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), big=300000))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), big=300000))
     with open(os.path.join(scan.root, "weights.bin"), "r+b") as f:
         f.truncate(1000)
-    with pytest.raises(rel.ReleaseError, match="weights.bin shrank from 300000 bytes"):
-        rel.write_archive(scan, io.BytesIO(), check="stat")
+    with pytest.raises(ReleaseError, match="weights.bin shrank from 300000 bytes"):
+        write_archive(scan, io.BytesIO(), check="stat")
 
 
 @pytest.mark.parametrize("level", [None, 1])
 def test_full_and_delta_archives_extract_from_a_fifo(tmp_path, level):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), big=2 * 1024 * 1024))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), big=2 * 1024 * 1024))
     fifo = str(tmp_path / "archive.fifo")
     os.mkfifo(fifo)
-    thread, box = written_to_fifo(fifo, lambda out: rel.write_archive(scan, out, compresslevel=level))
+    thread, box = written_to_fifo(fifo, lambda out: write_archive(scan, out, compresslevel=level))
     dest = tmp_path / "full"
     dest.mkdir()
-    digest, entries = rel.extract_archive_entries(fifo, str(dest))
+    digest, entries = extract_archive_entries(fifo, str(dest))
     thread.join(GUARD_S)
     assert not thread.is_alive() and "error" not in box  # read to the end: the writer was not cut off
     assert digest == scan.digest and len(entries) == len(scan.entries)
 
     with open(os.path.join(scan.root, "pkg", "m01.py"), "a") as f:
         f.write("# changed\n")
-    new = rel.scan_tree(scan.root)
-    have = [e.payload for e in entries if e.kind == rel.KIND_FILE]
+    new = scan_tree(scan.root)
+    have = [e.payload for e in entries if e.kind == KIND_FILE]
     os.unlink(fifo)
     os.mkfifo(fifo)
-    thread, box = written_to_fifo(fifo, lambda out: rel.write_archive(new, out, have=have, compresslevel=level))
+    thread, box = written_to_fifo(fifo, lambda out: write_archive(new, out, have=have, compresslevel=level))
     dest2 = tmp_path / "delta"
     dest2.mkdir()
-    done = rel.extract_delta(fifo, str(dest2), str(dest), entries)
+    done = extract_delta(fifo, str(dest2), str(dest), entries)
     thread.join(GUARD_S)
     assert not thread.is_alive() and "error" not in box
     assert done.digest == new.digest and done.sent == 1 and done.reused == new.file_count - 1
 
 
 def test_a_cut_stream_is_refused(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src"), big=500000))
+    scan = scan_tree(make_tree(str(tmp_path / "src"), big=500000))
     buf = io.BytesIO()
-    rel.write_archive(scan, buf)
+    write_archive(scan, buf)
     fifo = str(tmp_path / "archive.fifo")
     os.mkfifo(fifo)
     thread, _box = written_to_fifo(fifo, buf.getvalue()[:300000])
     dest = tmp_path / "dest"
     dest.mkdir()
-    with pytest.raises((tarfile.TarError, OSError, rel.ReleaseError)):
-        rel.extract_archive_entries(fifo, str(dest))
+    with pytest.raises((tarfile.TarError, OSError, ReleaseError)):
+        extract_archive_entries(fifo, str(dest))
     thread.join(GUARD_S)
 
 
@@ -193,7 +206,7 @@ class Target(object):
         """_stream_into_module in a thread, so that a hung protocol fails the test."""
         if produce is None:
             def produce(out):
-                return rel.write_archive(scan, out, check="stat")
+                return write_archive(scan, out, check="stat")
         result, tree, box = {}, {}, {}
 
         def run():
@@ -208,7 +221,7 @@ class Target(object):
 
 
 def test_stream_into_module_installs_the_release_without_a_copy(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src")))
+    scan = scan_tree(make_tree(str(tmp_path / "src")))
     target = Target(tmp_path)
     answer, result, tree = target.send(scan)
     assert not result.get("failed"), result
@@ -217,13 +230,13 @@ def test_stream_into_module_installs_the_release_without_a_copy(tmp_path):
     assert target.module_args[0]["archive"].endswith(".fifo")
     current = target.root / "current"
     assert sha_of(current / "weights.bin") == sha_of(os.path.join(scan.root, "weights.bin"))
-    assert rel.scan_tree(str(current), [rel.MARKER_NAME]).digest == scan.digest
+    assert scan_tree(str(current), [MARKER_NAME]).digest == scan.digest
     # nothing but the fifo went to the remote tmp dir: no archive file on the target
     assert [p.name for p in target.remote_tmp.iterdir()] == ["release-%s.tar.fifo" % scan.release_id]
 
 
 def test_module_failing_before_it_opens_the_fifo_releases_the_sender(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src")))
+    scan = scan_tree(make_tree(str(tmp_path / "src")))
     target = Target(tmp_path, execute=lambda **kw: dict(failed=True, msg="Unable to take the lock"))
     answer, result, _tree = target.send(scan)
     assert answer is None or answer.get("failed")
@@ -233,13 +246,13 @@ def test_module_failing_before_it_opens_the_fifo_releases_the_sender(tmp_path):
 
 
 def test_sender_failing_midway_fails_the_install_and_says_why(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src")))
+    scan = scan_tree(make_tree(str(tmp_path / "src")))
 
     def produce(out):
         buf = io.BytesIO()
-        rel.write_archive(scan, buf)
+        write_archive(scan, buf)
         out.write(buf.getvalue()[:1024 * 1024])
-        raise rel.ReleaseError("weights.bin: Input/output error")
+        raise ReleaseError("weights.bin: Input/output error")
 
     target = Target(tmp_path)
     answer, result, _tree = target.send(scan, produce=produce)
@@ -250,7 +263,7 @@ def test_sender_failing_midway_fails_the_install_and_says_why(tmp_path):
 
 
 def test_transfer_failing_before_it_opens_the_fifo_releases_the_module(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src")))
+    scan = scan_tree(make_tree(str(tmp_path / "src")))
 
     def broken_put(src, out_path):
         raise act.AnsibleError("host pve1 is unreachable (ssh): Connection refused")
@@ -263,7 +276,7 @@ def test_transfer_failing_before_it_opens_the_fifo_releases_the_module(tmp_path)
 
 
 def test_a_file_rewritten_after_the_scan_is_refused_and_named(tmp_path):
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src")))
+    scan = scan_tree(make_tree(str(tmp_path / "src")))
     with open(os.path.join(scan.root, "pkg", "m02.py"), "r+b") as f:
         f.write(b"Z")  # same size, other content
     target = Target(tmp_path)
@@ -277,7 +290,7 @@ def test_a_file_rewritten_after_the_scan_is_refused_and_named(tmp_path):
 def test_a_file_grown_after_the_scan_installs_what_the_id_names(tmp_path):
     """The tar carries the scanned size: the target gets the scanned bytes, checks them against
     the id and installs a release that is exactly the one the id names (a warning says so)."""
-    scan = rel.scan_tree(make_tree(str(tmp_path / "src")))
+    scan = scan_tree(make_tree(str(tmp_path / "src")))
     path = os.path.join(scan.root, "pkg", "m02.py")
     before = open(path, "rb").read()
     with open(path, "a") as f:
@@ -331,11 +344,11 @@ def test_put_stream_over_the_pct_connection(tmp_path):
 
 
 def test_forward_reader_serves_the_peeked_magic_and_never_seeks_back():
-    reader = rel._ForwardReader(io.BytesIO(b"abcdefghij"))
+    reader = _ForwardReader(io.BytesIO(b"abcdefghij"))
     assert not reader.gzipped
     assert reader.read(1) == b"a" and reader.read(3) == b"bcd" and reader.tell() == 4
     assert reader.seek(6) == 6 and reader.read(2) == b"gh"
     assert reader.seek(1, 1) == 9 and reader.read() == b"j"
     with pytest.raises(io.UnsupportedOperation, match="cannot seek back"):
         reader.seek(2)
-    assert rel._ForwardReader(io.BytesIO(rel.GZIP_MAGIC + b"x")).gzipped
+    assert _ForwardReader(io.BytesIO(GZIP_MAGIC + b"x")).gzipped

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _release as rel
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive, manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import MARKER_NAME, scan_tree
 from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
 
 MODULE_FILE = mod.__file__
@@ -37,9 +38,9 @@ class Lab(object):
 
     def build(self, version):
         src = make_src(str(self.tmp / ("src-%s" % version)), version)
-        scan = rel.scan_tree(src)
+        scan = scan_tree(src)
         archive = str(self.tmp / ("%s.tar.gz" % version))
-        rel.build_archive(scan, archive)
+        build_archive(scan, archive)
         return scan.release_id, archive
 
     def build_delta(self, version, have, change=None):
@@ -47,9 +48,9 @@ class Lab(object):
         src = make_src(str(self.tmp / ("src-%s" % version)), version)
         if change:
             change(src)
-        scan = rel.scan_tree(src)
+        scan = scan_tree(src)
         archive = str(self.tmp / ("%s-delta.tar.gz" % version))
-        rel.build_archive(scan, archive, have=have)
+        build_archive(scan, archive, have=have)
         return scan.release_id, archive
 
     def run(self, check_mode=False, **params):
@@ -62,7 +63,7 @@ class Lab(object):
         rid, archive = self.build(version)
         result = self.run(release=rid, archive=archive, **params)
         if mtime is not None:  # age the release deterministically for prune tests
-            marker = os.path.join(self.root, "releases", rid, rel.MARKER_NAME)
+            marker = os.path.join(self.root, "releases", rid, MARKER_NAME)
             os.utime(marker, (mtime, mtime))
         return rid, result
 
@@ -104,7 +105,7 @@ def test_present_with_archive_creates_release_and_current(lab):
     assert lab.current() == "releases/" + rid
     release = os.path.join(lab.root, "releases", rid)
     assert os.access(os.path.join(lab.root, "current", "run.sh"), os.X_OK)
-    marker = json.load(open(os.path.join(release, rel.MARKER_NAME)))
+    marker = json.load(open(os.path.join(release, MARKER_NAME)))
     assert marker["id"] == rid and marker["digest"].startswith(rid)
     assert not [n for n in os.listdir(os.path.join(lab.root, "releases")) if n.startswith(".tmp-")]
 
@@ -302,9 +303,9 @@ def _chmod_init(src):
 
 def test_release_records_its_manifest_and_offers_itself_as_base(lab):
     r1, _ignored = lab.deploy("v1")
-    marker = json.load(open(os.path.join(lab.root, "releases", r1, rel.MARKER_NAME)))
-    scan = rel.scan_tree(str(lab.tmp / "src-v1"))
-    assert marker["manifest"] == rel.manifest_items(scan.entries)
+    marker = json.load(open(os.path.join(lab.root, "releases", r1, MARKER_NAME)))
+    scan = scan_tree(str(lab.tmp / "src-v1"))
+    assert marker["manifest"] == manifest_items(scan.entries)
     r2, _ignored = lab.build("v2")
     answer = lab.run(release=r2)
     assert answer["needs_archive"] is True and answer["base"] == r1 and answer["changed"] is False
@@ -324,7 +325,7 @@ def test_delta_install_reuses_base_files_byte_and_mode_exact(lab):
     # run.sh (same mode) linked to the base's inode, pkg/__init__.py (other mode) copied
     assert result["linked_files"] == 1 and result["copied_files"] == 1
     new = os.path.join(lab.root, "releases", rid)
-    assert rel.scan_tree(new, [rel.MARKER_NAME]).release_id == rid == rel.scan_tree(str(lab.tmp / "src-v2")).release_id
+    assert scan_tree(new, [MARKER_NAME]).release_id == rid == scan_tree(str(lab.tmp / "src-v2")).release_id
     assert os.access(os.path.join(new, "run.sh"), os.X_OK)
     assert stat.S_IMODE(os.stat(os.path.join(new, "pkg", "__init__.py")).st_mode) == 0o600
     old = os.path.join(lab.root, "releases", r1)
@@ -365,7 +366,7 @@ def test_delta_on_a_vanished_or_manifestless_base_asks_for_the_full_archive(lab)
     assert info.value.result["base_unusable"] is True
     os.rename(os.path.join(lab.root, "gone"), os.path.join(lab.root, "releases", r1))
     # a release from before manifests (marker without one) is no base
-    marker_path = os.path.join(lab.root, "releases", r1, rel.MARKER_NAME)
+    marker_path = os.path.join(lab.root, "releases", r1, MARKER_NAME)
     marker = json.load(open(marker_path))
     del marker["manifest"]
     with open(marker_path, "w") as f:
@@ -409,7 +410,7 @@ def test_pruning_the_base_leaves_a_linked_release_complete_and_verified(lab):
     new = os.path.join(lab.root, "releases", rid)
     assert not os.path.exists(os.path.join(lab.root, "releases", r1))
     assert os.stat(os.path.join(new, "run.sh")).st_nlink == 1 and os.access(os.path.join(new, "run.sh"), os.X_OK)
-    assert rel.scan_tree(new, [rel.MARKER_NAME]).release_id == rid
+    assert scan_tree(new, [MARKER_NAME]).release_id == rid
     q = lab.run(state="query", verify=True)
     assert q["verified"] is True and q["mismatches"] == [] and q["current"] == rid
 

@@ -6,7 +6,7 @@ import sys
 ROOT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release import (  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (  # noqa: E402
     DEFAULT_EXCLUDES, KIND_FILE, MARKER_NAME, scan_tree)
 
 UNIT = "dflash-trainer"

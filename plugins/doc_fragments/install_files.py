@@ -1,0 +1,56 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The O(install) option of the modules that install the trainer's files in the same remote call
+as their own work (trainer_release, trainer_restart): the options of trainer_install, but the secret (O(env_content))."""
+
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+
+    DOCUMENTATION = r"""
+options:
+  install:
+    description:
+      - The launcher, environment file and unit to install in the same remote call, with the options
+        of M(dflash.trainer.trainer_install) and its guarantees (atomic writes, a path holding a file
+        the collection did not write refused before any write, daemon-reload and enable only on a
+        change). RV(install) says what changed.
+    type: dict
+    suboptions:
+      unit:
+        description: The unit's name (without .service).
+        type: str
+        required: true
+      unit_path:
+        description: Where the unit file goes.
+        type: path
+        required: true
+      unit_content:
+        description: The unit file.
+        type: str
+        required: true
+      enabled:
+        description: Enable the unit at boot (V(false) - disable it).
+        type: bool
+        default: true
+      launcher_path:
+        description: Where the launcher goes (mode 0755).
+        type: path
+        required: true
+      launcher_content:
+        description: The launcher.
+        type: str
+        required: true
+      env_path:
+        description: Where the EnvironmentFile goes (mode 0600, its directory 0700).
+        type: path
+        required: true
+  env_content:
+    description:
+      - The EnvironmentFile O(install) writes at C(env_path) - a secret, never logged, so a top-level option
+        and not one of O(install)'s (Ansible logs a dict option's repr in the target's journal, where a
+        masked suboption's value with a newline no longer matches).
+    type: str
+"""
