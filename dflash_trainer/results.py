@@ -17,7 +17,8 @@ Where each field comes from (per host):
 - rolled_back: a trainer_release with state rollback that switched `current`.
 - restarted: a `dflash.trainer.trainer_start` ran ok and started the unit.
 - proof: `proof` of the last successful `dflash.trainer.trainer_ready`, or of the restart job
-  (`dflash.trainer.trainer_restart`, whose finished result carries proof, rolled_back, log_tail).
+  (`dflash.trainer.trainer_restart`, whose finished result carries proof, rolled_back, log_tail;
+  read as `RestartJobResult`, whose fields are keys the job's result declares).
 - log_tail: `log_tail` of the last failed trainer_ready.
 - status: the last `dflash.trainer.trainer_status` result (for a deploy that restarted, the
   read right after the stop; run `status()` for the state afterwards).
@@ -199,6 +200,41 @@ class TrainerLog:
                    problem=_str(log.get("problem")))
 
 
+@dataclass(frozen=True)
+class RestartJobResult:
+    """What the API reads of the restart job's result (`dflash.trainer.trainer_restart`'s `result`).
+
+    The job's result is declared once, in the collection's plugins/module_utils/_job_result.py
+    (`FIELDS`; trainer_restart's RETURN documents it). This package does not import it: `pip
+    install` gives dflash_trainer alone, and the collection it drives is found on the collections
+    path, never on sys.path. So each field here is named as a declared key and holds a value of its
+    declared type (Proof for a dict that is a proof), and tests/unit/test_job_result.py holds them to
+    the declaration."""
+    release: Optional[str] = None
+    restarted: bool = False
+    rolled_back: bool = False
+    rollback_release: Optional[str] = None
+    restored: bool = False
+    proof: Optional[Proof] = None
+    rollback_proof: Optional[Proof] = None
+    figures: Optional[dict] = None
+    comparison: Optional[dict] = None
+    # None when the result has no lines (an earlier failed trainer_ready's log_tail then stands)
+    log_tail: Optional[list] = None
+
+    @classmethod
+    def from_result(cls, job: Any) -> "RestartJobResult":
+        """From the module result's `result` dict (anything else reads as an empty one)."""
+        job = _mapping(job)
+        return cls(release=_str(job.get("release")), restarted=bool(_bool(job.get("restarted"))),
+                   rolled_back=bool(_bool(job.get("rolled_back"))), rollback_release=_str(job.get("rollback_release")),
+                   restored=bool(_bool(job.get("restored"))), proof=Proof.from_result(job.get("proof")),
+                   rollback_proof=Proof.from_result(job.get("rollback_proof")),
+                   figures=dict(job["figures"]) if isinstance(job.get("figures"), Mapping) else None,
+                   comparison=dict(job["comparison"]) if isinstance(job.get("comparison"), Mapping) else None,
+                   log_tail=_lines(job.get("log_tail")) if job.get("log_tail") else None)
+
+
 def _diffs(task: Optional[str], value: Any) -> list[dict]:
     """Ansible's `diff` of a result (a dict or a list of them) as [{task, prepared | before/after...}]."""
     items = value if isinstance(value, list) else [value]
@@ -347,26 +383,26 @@ class _HostState:
                 r.log_tail = _lines(res.get("log_tail"))
         elif _is(action, "trainer_restart") and _bool(res.get("finished")):
             # the restart job (stop, drain, purge, start, prove; rollback), watched with state=wait
-            job = _mapping(res.get("result"))
-            if _bool(job.get("restarted")):
+            job = RestartJobResult.from_result(res.get("result"))
+            if job.restarted:
                 r.restarted = True
-            if isinstance(job.get("comparison"), Mapping):
-                r.comparison = dict(job["comparison"])
-            if isinstance(job.get("figures"), Mapping):
-                r.figures = dict(job["figures"])
-            if isinstance(job.get("proof"), Mapping):
-                r.proof = Proof.from_result(job.get("proof"))
-            if job.get("log_tail"):
-                r.log_tail = _lines(job.get("log_tail"))
-            if _bool(job.get("restored")) and isinstance(job.get("rollback_proof"), Mapping):
-                r.proof = Proof.from_result(job.get("rollback_proof"))
-            if _bool(job.get("rolled_back")):
+            if job.comparison is not None:
+                r.comparison = job.comparison
+            if job.figures is not None:
+                r.figures = job.figures
+            if job.proof is not None:
+                r.proof = job.proof
+            if job.log_tail is not None:
+                r.log_tail = job.log_tail
+            if job.restored and job.rollback_proof is not None:
+                r.proof = job.rollback_proof
+            if job.rolled_back:
                 r.rolled_back = True
-                r.release = _str(job.get("rollback_release")) or r.release
-                r.previous_release = _str(job.get("release")) or r.previous_release
+                r.release = job.rollback_release or r.release
+                r.previous_release = job.release or r.previous_release
                 self.release_from_switch = True
-                if isinstance(job.get("rollback_proof"), Mapping):
-                    r.proof = Proof.from_result(job.get("rollback_proof"))
+                if job.rollback_proof is not None:
+                    r.proof = job.rollback_proof
         elif _is(action, "trainer_status") and kind == "ok":
             r.status = TrainerStatus.from_result(res)
             if isinstance(res.get("log"), Mapping):

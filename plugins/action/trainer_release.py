@@ -70,8 +70,7 @@ class ActionModule(ActionBase):
     # The remote tmp dir is only needed to upload an archive; it is made lazily (_make_tmp_path)
     # then, so that a no-op release is a single pipelined module run.
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep", "verify", "lock",
-                             "install", "unlock_when_unchanged", "env_content"))
+    _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep", "verify", "lock"))
 
     def run(self, tmp=None, task_vars=None):
         if task_vars is None:
@@ -117,14 +116,11 @@ class ActionModule(ActionBase):
         display.vvv("trainer_release: %s -> release %s (%d files, %d bytes; %d files hashed, %d bytes, %d from the "
                     "hash cache %s; %.2f s)" % (src_path, scan.release_id, scan.file_count, scan.bytes, cache.hashed,
                                                 cache.hashed_bytes, cache.hits, cache.path, time.monotonic() - started))
-        # install (and the unlock) ride only with the first call: once an archive goes over, the
-        # release is new and is pre-flighted before anything is installed
-        rides = dict((k, args.pop(k)) for k in ("install", "unlock_when_unchanged", "env_content") if k in args)
         module_args = dict(args, state="present", release=scan.release_id)
         tree = dict(src=src_path, file_count=scan.file_count, bytes=scan.bytes, hashed_files=cache.hashed)
 
         try:
-            first = self._execute_module(module_name=MODULE, module_args=dict(module_args, **rides), task_vars=task_vars)
+            first = self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
             if first.get("failed") or not first.get("needs_archive"):
                 return self._finish(result, first, tree)
             diff = self._diff(first, scan) if self._task.diff else None

@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The O(install) option of the modules that install the trainer's files in the same remote call
-as their own work (trainer_release, trainer_restart): the options of trainer_install, but the secret (O(env_content))."""
+"""The O(install) option of the modules that install (trainer_restart) or compare (trainer_status) the
+trainer's files in the same remote call as their own work: the options of trainer_install, but the
+secret (O(env_content))."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ class ModuleDocFragment(object):
 options:
   install:
     description:
-      - The launcher, environment file and unit to install in the same remote call, with the options
-        of M(dflash.trainer.trainer_install) and its guarantees (atomic writes, a path holding a file
-        the collection did not write refused before any write, daemon-reload and enable only on a
-        change). RV(install) says what changed.
+      - The launcher, environment file and unit, with the options of M(dflash.trainer.trainer_install)
+        and its guarantees (atomic writes, a path holding a file the collection did not write refused
+        before any write, daemon-reload and enable only on a change). RV(install) says what changed
+        (or would change).
     type: dict
     suboptions:
       unit:

@@ -7,9 +7,9 @@ Three copy/template tasks cost five remote calls each over pct (echo ~, mkdtemp,
 on a real node every pct call loads Proxmox's Perl stack. ``install_file`` compares and writes one
 file atomically (tmp in the same directory, fsync, rename), creating its directory with the
 given mode; ``install_all`` runs it for all three and reloads/enables the unit only on a change -
-for ``trainer_install`` and for the modules that install in the same remote call as their own work
-(``trainer_release`` on a deploy with nothing else to restart for, ``trainer_restart`` before it
-starts the job): ``INSTALL_OPTIONS`` is their shared argument spec.
+for ``trainer_install`` and for the modules that install, or compare, in the same remote call as their
+own work (``trainer_restart`` before it starts the job; ``trainer_status``, whose first read of a deploy
+says what the install would change): ``INSTALL_OPTIONS`` is their shared argument spec.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK, judge, observe
 from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
 
-# the options of trainer_install; the `install` option of trainer_release and trainer_restart takes
+# the options of trainer_install; the `install` option of trainer_restart and trainer_status takes
 # them as suboptions (INSTALL_SUBOPTIONS) but the secret, a top-level option of theirs (env_content,
 # no_log): Ansible logs a module's invocation in the target's journal with a dict option's repr, where
 # a no_log suboption's value with a newline or a backslash no longer matches what it masks
@@ -194,25 +194,3 @@ def masked_env(text):
             out.append("********")
     return "\n".join(out) + ("\n" if out else "")
 
-
-def install_unless_switched(release_result, p, run, systemctl, unlock=None, check_mode=False):
-    """The install that rides with a deploy's release call (``trainer_release`` with ``install``):
-    only when the release was neither unpacked nor switched - a new release is pre-flighted
-    first and installed by the restart job's call, never before - and, when no file changed
-    either, the play's lock released through ``unlock()`` (-> ``_lock.Outcome``): nothing is left
-    to restart for, and a no-op deploy is two remote calls. In check mode it always says what
-    would change (and writes nothing). -> the fields to add to the release's result: ``install``
-    (install_all's result) and ``lock_released``, or nothing."""
-    if check_mode:
-        installed = install_all(p, run, systemctl, check_mode=True)
-        return dict(install=installed, changed=bool(release_result.get("changed") or installed["changed"]))
-    if release_result.get("needs_archive") or release_result.get("switched") or release_result.get("transferred"):
-        return {}
-    installed = install_all(p, run, systemctl)
-    fields = dict(install=installed, changed=bool(release_result.get("changed") or installed["changed"]))
-    if unlock is not None and not change_reasons(installed):
-        outcome = unlock()
-        fields["lock_released"] = bool(outcome.ok)
-        if not outcome.ok:
-            fields["lock_msg"] = outcome.msg
-    return fields

@@ -26,6 +26,7 @@ import os
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
 from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, compare, entry, gate
@@ -187,20 +188,22 @@ class RestartJob(object):
         return None
 
     def run(self):
-        """The restart and, on failure, its restore or rollback -> the result dict. Once the deploy
-        lock is no longer this job's, nothing more is stopped, switched or started."""
+        """The restart and, on failure, its restore or rollback -> the result dict (its keys: those
+        of ``_job_result.FIELDS``; built as a ``JobResult``, so no other key can appear). Once the
+        deploy lock is no longer this job's, nothing more is stopped, switched or started."""
         try:
             return self._run()
         except LeaseLost as exc:
             self.phase("done")
             msg = ("the restart job stopped acting: the deploy lock is no longer its own (%s); nothing more was "
                    "stopped, switched or started by it" % exc.msg)
-            return dict(ok=False, msg=msg, lease_lost=True, failed_phase=self.phases[-2] if len(self.phases) > 1 else None,
-                        outcome="%s. %s" % (msg, self.steps.unit_state()))
+            return JobResult(ok=False, msg=msg, lease_lost=True,
+                             failed_phase=self.phases[-2] if len(self.phases) > 1 else None,
+                             outcome="%s. %s" % (msg, self.steps.unit_state())).to_dict()
 
     def _run(self):
         release = self.layout.current()
-        result = dict(release=release, restarted=False, rolled_back=False, proof=None)
+        result = JobResult(release=release, restarted=False, rolled_back=False, proof=None)
         ledger = self.layout.ledger()
         # what the release was built from: the controller's git description, else what an earlier
         # job recorded for it, else its id (a content hash)
@@ -224,7 +227,7 @@ class RestartJob(object):
             result.update(ok=True, proof=proof, outcome="ready: release %s proved (pid %s, step %s, %s tok/s)" % (
                 release, proof.get("main_pid"), proof.get("step"), proof.get("tok_s")))
             self.phase("done")
-            return result
+            return result.to_dict()
         except LeaseLost:
             raise
         except Exception as error:  # pylint: disable=broad-exception-caught  # never a stranded trainer
@@ -287,7 +290,7 @@ class RestartJob(object):
             result["outcome"] = "%s (%s)" % (result.get("outcome", ""), "; ".join(self.warnings))
         self._record(result, records)
         self.phase("done")
-        return result
+        return result.to_dict()
 
     def _record(self, result, records):
         """The ledger is bookkeeping: failing to write it never changes the verdict (it is said)."""

@@ -33,6 +33,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
     stop,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._install import change_reasons, install_all
+from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, play_lease, release
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import run_preflight
@@ -185,9 +186,10 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
                              min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper)
             result = job.run()
     except StepFailed as exc:  # before the cycle (a bad regex): nothing was stopped
-        result = dict(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg)
+        result = JobResult(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg).to_dict()
     except Exception as exc:  # pylint: disable=broad-exception-caught  # always an outcome and a free lock
-        result = dict(ok=False, msg="restart job crashed: %r" % (exc,), outcome="restart job crashed: %r" % (exc,))
+        result = JobResult(ok=False, msg="restart job crashed: %r" % (exc,),
+                           outcome="restart job crashed: %r" % (exc,)).to_dict()
     finally:
         if p["lock_path"] and not keeper.lost:
             release_lock(p["lock_path"], p["lock_token"])

@@ -22,6 +22,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import de
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import memory_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, observe, problems
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import outcome_words
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_reasons import restart_reasons
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     exit_description,
     int_prop,
@@ -103,6 +104,18 @@ def lock_taken(out, attached=None):
     if out.action == STALE:
         taken["previous_owner"] = out.owner()
     return taken
+
+
+def no_op_reasons(status, release, force=False, install=None):
+    """Why the deploy of ``release`` (its id, computed on the controller) must go on, judged on the
+    first read (``status``: the fields read so far, releases and health included) -> [reason, ...];
+    empty: it changes nothing - the release is ``current``, runs, is proved and healthy, nothing is
+    forced and the install (``install``: install_all's result in check mode) would write nothing -
+    and the read ends the deploy (the lock released in the same call)."""
+    if not release:
+        return ["no release id to compare"]
+    current = status.get("current_release")
+    return restart_reasons(status, release, switched=current != release, install=install, force=force)
 
 
 def job_over(job_id):

@@ -126,21 +126,10 @@ options:
         arguments); the module itself takes it.
     type: bool
     default: false
-  unlock_when_unchanged:
-    description:
-      - With O(install) and O(lock), release the play's lock when O(install) ran and no file changed
-        (nothing is left to restart for); RV(lock_released).
-      - O(install) runs only when the release was neither unpacked nor switched (a new release is
-        pre-flighted before anything is installed); in check mode it always says what would change. The role passes it when
-        nothing else asks for a restart, so a deploy that changes nothing is two remote calls (this
-        one and the status read that took the lock).
-    type: bool
-    default: false
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.flow
   - dflash.trainer.play_lock
-  - dflash.trainer.install_files
 attributes:
   action:
     support: full
@@ -314,18 +303,6 @@ last_good:
   returned: always
   type: str
   sample: 91c04d7e22aa0b13
-install:
-  description:
-    - What O(install) changed - C(unit_changed), C(env_changed), C(launcher_changed),
-      C(enabled_changed), C(changed), as M(dflash.trainer.trainer_install) returns them.
-  returned: when O(install) ran (the release was neither unpacked nor switched)
-  type: dict
-  sample: {changed: false, unit_changed: false, env_changed: false, launcher_changed: false, enabled_changed: false}
-lock_released:
-  description: Whether the play's lock was released (O(unlock_when_unchanged), nothing changed).
-  returned: when O(install) ran with O(unlock_when_unchanged)
-  type: bool
-  sample: true
 file_count:
   description: Regular files in the O(src) tree (action plugin).
   returned: when O(src) is given
@@ -352,14 +329,7 @@ archive_bytes:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import (
-    ENV_CONTENT_OPTION,
-    INSTALL_SUBOPTIONS,
-    InstallError,
-    install_unless_switched,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import PLAY_LOCK_SPEC, play_lease, release as release_lock
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import PLAY_LOCK_SPEC, play_lease
 from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import DEFAULT_EXCLUDES
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import ReleaseModuleError
 # the module's behaviour, callable without Ansible (run); the unit tests import run and
@@ -381,9 +351,6 @@ def main():
             keep=dict(type="int", default=5),
             verify=dict(type="bool", default=False),
             lock=PLAY_LOCK_SPEC,
-            install=dict(type="dict", options=INSTALL_SUBOPTIONS),
-            env_content=ENV_CONTENT_OPTION,
-            unlock_when_unchanged=dict(type="bool", default=False),
         ),
         required_if=[("state", "present", ("release", "src"), True)],
         mutually_exclusive=[("src", "release"), ("src", "archive"), ("src", "base"), ("archive", "archive_b64")],
@@ -397,16 +364,6 @@ def main():
         module.fail_json(msg=e.msg, **e.result)
     except OSError as e:
         module.fail_json(msg="Unable to manage releases under %s: %s" % (module.params["root"], e))
-    p = module.params
-    if p["install"] and (p["state"] or "present") == "present":
-        lock = p["lock"] if p["unlock_when_unchanged"] and p["lock"] else None
-        try:
-            result.update(install_unless_switched(
-                result, dict(p["install"], env_content=p["env_content"] or ""), ModuleRunner(module), module.get_bin_path("systemctl", required=True),
-                unlock=(lambda: release_lock(lock["path"], lock["token"])) if lock else None,
-                check_mode=module.check_mode))
-        except InstallError as e:
-            module.fail_json(msg=e.msg, install=e.result, **result)
     module.exit_json(**result)
 
 

@@ -288,9 +288,114 @@ phase:
   returned: always
   type: str
 result:
-  description: The job's outcome - ok, release, proof, failure, rolled_back, rollback_proof, outcome (words), log_tail.
+  description: The job's result, also kept in its state file (its keys are declared in module_utils/_job_result.py).
   returned: when finished
   type: dict
+  contains:
+    ok:
+      description: Whether the release that C(current) pointed at was proved ready (V(false) for any failure,
+        even one that a rollback or a restore repaired).
+      returned: always
+      type: bool
+    msg:
+      description: Why the restart failed, in words (the failed step's reason, the lost lease, the crash).
+      returned: on failure
+      type: str
+    outcome:
+      description: 'What the job did and what runs now, in words (C(ready: ...), C(Rolled back: ...), C(Restored:
+        ...), C(No rollback: ...), C(... FAILED as well: ...)), its warnings appended.'
+      returned: always
+      type: str
+    release:
+      description: 'The release C(current) pointed at when the job began: the one it restarted.'
+      returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
+      type: str
+    restarted:
+      description: Whether the release was started (the job reached its proof).
+      returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
+      type: bool
+    rolled_back:
+      description: Whether the job went back to the last good release (see C(rollback_proof) or C(rollback_failure)).
+      returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
+      type: bool
+    proof:
+      description: 'What proved the release ready (as M(dflash.trainer.trainer_ready) returns it: release,
+        invocation_id, main_pid, gpus_mib, step, tok_s, seconds_to_ready, with the measured C(figures)); V(null)
+        unless it was proved.'
+      returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
+      type: dict
+    started:
+      description: What the start reported (invocation_id, main_pid, n_restarts, active_state, sub_state,
+        started_at, ...).
+      returned: when the release was started and proved (a throughput gate's refusal included)
+      type: dict
+    figures:
+      description: 'The throughput measured after the proof (C(tok_s): median, p10, p90, n, window_s) and
+        the named figures.'
+      returned: when the release was proved (a throughput gate's refusal included)
+      type: dict
+    comparison:
+      description: The measured throughput against the previous good release and the best (words, median,
+        previous_release, previous_median, change_pct, best_median).
+      returned: when the release was proved (a throughput gate's refusal included)
+      type: dict
+    warnings:
+      description: What went wrong without changing the verdict (a drain gate or a purge that failed while
+        a release was brought back, a release that could not be recorded as last good).
+      returned: when there were any
+      type: list
+      elements: str
+    failure:
+      description: 'Why the restart failed: the failed step''s reason, the throughput gate''s refusal, an
+        unexpected error.'
+      returned: when the cycle failed
+      type: str
+    failed_phase:
+      description: The phase the job was in when it failed (stopping, draining, purging, starting, proving,
+        gated); after a lost lease, the phase before it.
+      returned: when the cycle failed or the lease was lost
+      type: str
+    log_tail:
+      description: The last lines of the failed start's log (empty when the failure read none).
+      returned: when the cycle failed
+      type: list
+      elements: str
+    failure_details:
+      description: What the failed step reported besides its reason (log_tail, the unit's state, GPU memory,
+        ...; C(unexpected) for an error that was not the step's own verdict).
+      returned: when the cycle failed
+      type: dict
+    restored:
+      description: 'The release that ran was brought back and proved ready: its stop, drain, purge or start
+        failed (nothing was proved wrong with it) and there was no other good release.'
+      returned: when it was restored
+      type: bool
+    rollback_proof:
+      description: What proved the release that was brought back ready (the last good one, or the restored
+        one).
+      returned: after a rollback or a restore that was proved
+      type: dict
+    rollback_release:
+      description: The last good release the job rolled back to.
+      returned: when it rolled back
+      type: str
+    rollback_failure:
+      description: Why the rollback or the restore failed as well.
+      returned: when it failed
+      type: str
+    stop_failure:
+      description: Why stopping the failed trainer failed (no release to roll back to).
+      returned: when that stop failed
+      type: str
+    lease_lost:
+      description: 'The deploy lock stopped being the job''s: it stopped acting, nothing more was stopped,
+        switched or started by it.'
+      returned: when the lease was lost
+      type: bool
+    ledger_error:
+      description: Why the release ledger could not be written (the verdict stands).
+      returned: when it could not be written
+      type: str
 """
 
 import os

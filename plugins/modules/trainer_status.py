@@ -18,7 +18,27 @@ description:
     or its children (the launcher exports it), else from the log's marker line of the current
     invocation.
   - RV(drift) is V(true) when the running release differs from C(current).
+  - The first read of a deploy (with O(lock), O(install) and O(no_op)) also says whether the deploy changes
+    anything - a deploy that changes nothing ends in this one remote call, its lock released here.
+extends_documentation_fragment:
+  - dflash.trainer.install_files
 options:
+  no_op:
+    description:
+      - With O(lock) and O(install), judge the deploy of O(no_op.release) on this read. When it changes nothing -
+        the release is C(current), runs, has a proof on record and is healthy, O(no_op.force) is off and the install
+        would write nothing (compared, never written here) - RV(no_op) is V(true) and the lock is released in this
+        call; else RV(no_op_reasons) says why the deploy goes on.
+    type: dict
+    suboptions:
+      release:
+        description: The id of the release the deploy brings (computed on the controller, as the release module does).
+        type: str
+        required: true
+      force:
+        description: The deploy forces a restart (never a no-op).
+        type: bool
+        default: false
   unit:
     description: The trainer's systemd unit.
     type: str
@@ -157,8 +177,23 @@ problems:
   returned: when a path of O(owned) is refused
   type: list
   elements: str
+install:
+  description: What O(install) would change - C(unit_changed), C(env_changed), C(launcher_changed), C(enabled_changed),
+    C(changed) (compared, nothing written); C(refused) when a path holds a file the collection did not write.
+  returned: when O(install) is given
+  type: dict
+no_op:
+  description: The deploy (O(no_op)) changes nothing; the lock was released in this call (RV(lock.released)).
+  returned: when O(no_op) is given
+  type: bool
+no_op_reasons:
+  description: Why the deploy (O(no_op)) goes on, in the words of the restart's reasons (empty with RV(no_op)).
+  returned: when O(no_op) is given
+  type: list
+  elements: str
 lock:
-  description: What taking the lock did (O(lock) given) - V(action) (take, keep, stale), V(msg), V(previous_owner).
+  description: What taking the lock did (O(lock) given) - V(action) (take, keep, stale), V(msg), V(previous_owner). V(released) when
+    RV(no_op) released it.
   returned: when O(lock) is given, outside check mode
   type: dict
 lock_refused:
@@ -349,7 +384,13 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting
+from ansible_collections.dflash.trainer.plugins.module_utils._install import (
+    ENV_CONTENT_OPTION,
+    INSTALL_SUBOPTIONS,
+    InstallError,
+    install_all,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
@@ -370,6 +411,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._status import (
     lock_refusal,
     lock_taken,
     log_fields,
+    no_op_reasons,
     ownership_problems,
     read_log,
     read_log_chunk,
@@ -402,6 +444,12 @@ def main():
             log_wait_s=dict(type="float", default=0),
             owned=dict(type="list", elements="dict", default=[]),
             env_file=dict(type="path"),
+            no_op=dict(type="dict", options=dict(
+                release=dict(type="str", required=True),
+                force=dict(type="bool", default=False),
+            )),
+            install=dict(type="dict", options=INSTALL_SUBOPTIONS),
+            env_content=ENV_CONTENT_OPTION,
             lock=dict(type="dict", options=dict(
                 path=dict(type="path", required=True),
                 token=dict(type="str", required=True, no_log=False),
@@ -413,6 +461,7 @@ def main():
             )),
         ),
         required_together=[("log_offset", "log_inode")],
+        required_by=dict(no_op=("install",)),
         supports_check_mode=True,
     )
     p = module.params
@@ -474,7 +523,33 @@ def main():
             result.update(gpu_fields(read_gpus(run, nvidia_smi, processes=False)[0]))
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
+    if p["install"]:
+        judge_no_op(module, result, run, systemctl, lock_held=taken is not None)
     module.exit_json(**mask(result, read_secrets(p["env_file"])))
+
+
+def judge_no_op(module, result, run, systemctl, lock_held):
+    """O(install): what it would change (RV(install), compared, nothing written); with O(no_op), why
+    the deploy must go on (RV(no_op_reasons)) - none: RV(no_op), the lock released in this call."""
+    p = module.params
+    try:
+        result["install"] = install_all(dict(p["install"], env_content=p["env_content"] or ""), run, systemctl,
+                                        check_mode=True)
+    except InstallError as e:  # the deploy's install refuses it too, before any write; say it there
+        result["install"] = dict(e.result, refused=e.msg)
+    if not p["no_op"]:
+        return
+    reasons = no_op_reasons(result, p["no_op"]["release"], p["no_op"]["force"], result["install"])
+    if result["install"].get("refused") or result["install"].get("enabled_changed"):
+        reasons = reasons or ["install: %s" % (result["install"].get("refused") or "unit enablement changes")]
+    result["no_op_reasons"] = reasons
+    result["no_op"] = not reasons and lock_held
+    if result["no_op"]:
+        freed = release(p["lock"]["path"], p["lock"]["token"])
+        result["lock"]["released"] = bool(freed.ok)
+        if not freed.ok:
+            module.fail_json(msg="the deploy changes nothing, but the lock could not be released: %s" % freed.msg,
+                             **result)
 
 
 def take_lock(module, lk, state_path):

@@ -30,7 +30,7 @@ def role_variables():
 
 def plugin_names():
     names = set()
-    for kind in ("modules", "action", "connection", "filter"):
+    for kind in ("modules", "action", "connection", "filter", "lookup"):
         for path in glob.glob(os.path.join(ROOT, "plugins", kind, "*.py")) + \
                 glob.glob(os.path.join(ROOT, "plugins", kind, "*.yml")):
             names.add(os.path.splitext(os.path.basename(path))[0])

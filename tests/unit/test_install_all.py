@@ -1,6 +1,6 @@
-"""module_utils/_install.py: the three files installed in one call (install_all), and the install that
-rides with a deploy's release call (install_unless_switched): never after an upload or a switch, the
-lock released only when nothing changed, a foreign file refused before any write."""
+"""module_utils/_install.py: the three files installed in one call (install_all) - written, then
+unchanged, then the changed one named; nothing written in check mode; a foreign file refused before
+any write."""
 import os
 import pathlib
 import shutil
@@ -12,9 +12,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     InstallError,
     change_reasons,
     install_all,
-    install_unless_switched,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import Outcome
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import LAUNCHER_MARK, UNIT_MARK
 
 
@@ -79,36 +77,3 @@ def test_a_foreign_file_is_refused_before_any_write(tmp_path):
     assert "refused before any change" in err.value.msg and "not written by dflash.trainer" in err.value.msg
     assert not os.path.exists(p["launcher_path"]) and not os.path.exists(p["env_path"])
 
-
-@pytest.mark.parametrize("release", [dict(needs_archive=True), dict(switched=True), dict(transferred=True)])
-def test_no_install_rides_with_a_new_or_switched_release(tmp_path, release):
-    unlocked = []
-    assert install_unless_switched(release, params(tmp_path), FakeSystemctl(), "systemctl",
-                                   unlock=lambda: unlocked.append(1)) == {}
-    assert unlocked == [] and not os.path.exists(str(tmp_path / "unit"))
-
-
-def test_the_lock_is_released_only_when_no_file_changed(tmp_path):
-    unlocked = []
-
-    def unlock():
-        unlocked.append(1)
-        return Outcome("release", True)
-
-    changed = install_unless_switched(dict(changed=False), params(tmp_path), FakeSystemctl(), "systemctl", unlock=unlock)
-    assert changed["changed"] and change_reasons(changed["install"]) and "lock_released" not in changed
-    assert unlocked == []
-    quiet = install_unless_switched(dict(changed=False), params(tmp_path), FakeSystemctl(), "systemctl", unlock=unlock)
-    assert quiet["lock_released"] is True and not quiet["changed"] and unlocked == [1]
-
-
-def test_a_lock_that_is_not_ours_is_reported_not_claimed_released(tmp_path):
-    install_all(params(tmp_path), FakeSystemctl(), "systemctl")
-    out = install_unless_switched({}, params(tmp_path), FakeSystemctl(), "systemctl",
-                                  unlock=lambda: Outcome("not_ours", False, "held by someone else"))
-    assert out["lock_released"] is False and out["lock_msg"] == "held by someone else"
-
-
-def test_check_mode_says_what_would_change_even_for_a_switched_release(tmp_path):
-    out = install_unless_switched(dict(switched=True), params(tmp_path), FakeSystemctl(), "systemctl", check_mode=True)
-    assert out["install"]["unit_changed"] and not os.path.exists(str(tmp_path / "unit"))

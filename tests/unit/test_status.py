@@ -414,3 +414,35 @@ def test_gpu_fields():
         "gpus": [{"index": 0, "name": "H200", "memory_used_mib": 30000, "memory_total_mib": 143771},
                  {"index": 1, "name": "H200", "memory_used_mib": None, "memory_total_mib": 143771}]}
     assert s.gpu_fields([]) == {"gpus_mib": {}, "gpus": []}
+
+
+# --- no_op_reasons: the first read of a deploy judges whether it changes anything -------------------
+
+def _proved(**kw):
+    status = dict(running=True, running_release="r1", current_release="r1", last_good="r1",
+                  health=dict(ok=True, words="proved 3 s ago"), last_job=None)
+    status.update(kw)
+    return status
+
+
+NO_CHANGE = dict(changed=False, unit_changed=False, env_changed=False, launcher_changed=False, enabled_changed=False)
+
+
+def test_a_deploy_of_the_running_proved_release_with_nothing_to_install_is_a_no_op():
+    assert s.no_op_reasons(_proved(), "r1", install=NO_CHANGE) == []
+
+
+@pytest.mark.parametrize("status, release, force, install, words", [
+    (_proved(), "r2", False, NO_CHANGE, "release switched to r2"),
+    (_proved(), "r1", True, NO_CHANGE, "forced"),
+    (_proved(), "r1", False, dict(NO_CHANGE, env_changed=True), "environment changed"),
+    (_proved(running=False), "r1", False, NO_CHANGE, "trainer not running"),
+    (_proved(running_release="r0"), "r1", False, NO_CHANGE, "running release r0 is not current r1"),
+    (_proved(last_good="r0"), "r1", False, NO_CHANGE, "runs without a proof on record"),
+    (_proved(health=dict(ok=False, words="restarted 18 s after its proof")), "r1", False, NO_CHANGE,
+     "not the one proved: restarted 18 s after its proof"),
+    (_proved(), "", False, NO_CHANGE, "no release id"),
+])
+def test_anything_that_asks_for_work_is_a_reason(status, release, force, install, words):
+    reasons = s.no_op_reasons(status, release, force=force, install=install)
+    assert reasons and any(words in r for r in reasons), reasons
