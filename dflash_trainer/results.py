@@ -405,6 +405,10 @@ class _HostState:
                     r.proof = job.rollback_proof
         elif _is(action, "trainer_status") and kind == "ok":
             r.status = TrainerStatus.from_result(res)
+            # a deploy that changed nothing (no_op), or whose release was already current, runs no
+            # trainer_release: the release is the one current points at
+            if _bool(res.get("no_op")) or _bool(res.get("release_current")):
+                self.current_fallback = self.current_fallback or _str(res.get("current_release"))
             if isinstance(res.get("log"), Mapping):
                 r.log = TrainerLog.from_result(res.get("log"))
         elif _is(action, "trainer_start") and kind == "ok":

@@ -113,7 +113,7 @@ def stop(run, systemctl, unit):
 # ---------------------------------------------------------------------------------------------
 # drain
 
-def drain(run, nvidia_smi, gpus=None, max_mib=1024, consecutive=2, interval_s=0.5, timeout_s=60.0,
+def drain(run, nvidia_smi, gpus=None, max_mib=1024, consecutive=2, interval_s=0.25, timeout_s=60.0,
           clock=time.monotonic, sleep=time.sleep, tick=None, allowance=None):
     """Poll until every selected GPU is at or below max_mib (+ its ``allowance``: other tenants'
     memory) (DrainJudge) -> details."""

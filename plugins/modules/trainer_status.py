@@ -186,6 +186,11 @@ no_op:
   description: The deploy (O(no_op)) changes nothing; the lock was released in this call (RV(lock.released)).
   returned: when O(no_op) is given
   type: bool
+release_current:
+  description: The release the deploy brings (O(no_op.release)) is the one C(current) points at - nothing to upload or
+    switch, the role skips the release call.
+  returned: when O(no_op) is given
+  type: bool
 no_op_reasons:
   description: Why the deploy (O(no_op)) goes on, in the words of the restart's reasons (empty with RV(no_op)).
   returned: when O(no_op) is given
@@ -539,6 +544,8 @@ def judge_no_op(module, result, run, systemctl, lock_held):
         result["install"] = dict(e.result, refused=e.msg)
     if not p["no_op"]:
         return
+    # the release the deploy brings is already current (complete by construction): nothing to upload or switch
+    result["release_current"] = p["no_op"]["release"] == result.get("current_release")
     reasons = no_op_reasons(result, p["no_op"]["release"], p["no_op"]["force"], result["install"])
     if result["install"].get("refused") or result["install"].get("enabled_changed"):
         reasons = reasons or ["install: %s" % (result["install"].get("refused") or "unit enablement changes")]
