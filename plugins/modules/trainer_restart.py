@@ -274,6 +274,13 @@ started:
   description: The job was started (from here on the deploy lock is the job's).
   returned: with state=start
   type: bool
+not_started:
+  description:
+    - The task failed before the job was started - nothing was stopped, the lock is still the play's. Any other
+      failure of O(state=start) (a lost connection included) may have started the job; it then goes on and
+      releases the lock when it ends.
+  returned: on such a failure
+  type: bool
 reasons:
   description: Why the trainer restarts - O(reasons) and the files O(install) changed.
   returned: with state=start
@@ -449,16 +456,17 @@ def start_detached(module):
     the connection, the controller and this process), return once it has recorded itself."""
     p = module.params
     earlier = read_state(p["state_path"]) or {}
+    # every failure before the fork says not_started: nothing was stopped and the lock is still the play's
     if earlier.get("job_id") == p["job_id"]:
         module.fail_json(msg="restart job %s was already started" % p["job_id"])
     if job_alive(earlier):
-        module.fail_json(msg="refused: %s; one restart at a time" % outcome_words(earlier))
+        module.fail_json(msg="refused: %s; one restart at a time" % outcome_words(earlier), not_started=True)
     try:
         before = before_start(p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
     except Refused as exc:  # the old trainer runs on, untouched
-        module.fail_json(preflight_refused=True, **exc.result)
+        module.fail_json(preflight_refused=True, not_started=True, **exc.result)
     except InstallError as exc:  # nothing was stopped
-        module.fail_json(msg=exc.msg, install=exc.result, install_failed=True)
+        module.fail_json(msg=exc.msg, install=exc.result, install_failed=True, not_started=True)
     pid = detach(lambda: run_job(module))
     recorded = poll_until(lambda: read_state(p["state_path"]) or {}, job_recorded(p["job_id"]), 10, 0.05)
     if not recorded.ok:

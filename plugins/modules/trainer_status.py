@@ -151,8 +151,8 @@ attributes:
     support: full
     description: Read-only; runs in check mode.
   diff_mode:
-    support: none
-    description: Returns no diff.
+    support: partial
+    description: With O(install), the files it would change (the environment file's values masked).
 author:
   - dflash.trainer maintainers (@dflash)
 """
@@ -539,7 +539,9 @@ def judge_no_op(module, result, run, systemctl, lock_held):
     p = module.params
     try:
         result["install"] = install_all(dict(p["install"], env_content=p["env_content"] or ""), run, systemctl,
-                                        check_mode=True)
+                                        check_mode=True, diff=module._diff)
+        if result["install"].get("diff"):  # diff mode: the files the deploy installs, the environment masked
+            result["diff"] = result["install"].pop("diff")
     except InstallError as e:  # the deploy's install refuses it too, before any write; say it there
         result["install"] = dict(e.result, refused=e.msg)
     if not p["no_op"]:
