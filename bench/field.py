@@ -106,6 +106,8 @@ CASES = (
     ("forced restart", ("deploy.yml", dict(FAST, trainer_force_restart=True)),
      ("bench/plain/deploy.yml", {"plain_restart": True})),
     ("status", ("playbooks/status.yml", {"trainer_target_hosts": "all"}), ("bench/plain/status.yml", None)),
+    # the floor: ansible-playbook's start-up, one ping over the same connection, the exit
+    ("floor: one remote call", ("bench/floor/one_call.yml", None), ("bench/floor/one_call.yml", None)),
 )
 
 
