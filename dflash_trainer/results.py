@@ -360,6 +360,8 @@ class _HostState:
         self.last_failure: Optional[tuple[Optional[str], Optional[str]]] = None
         self.release_from_switch = False
         self.current_fallback: Optional[str] = None
+        # the deploy's release was current already (no trainer_release ran): previous is the same release
+        self.unswitched = False
 
     def observe(self, kind: str, is_item: bool, event_data: Mapping, res: Mapping) -> None:
         r = self.result
@@ -409,6 +411,7 @@ class _HostState:
             # trainer_release: the release is the one current points at
             if _bool(res.get("no_op")) or _bool(res.get("release_current")):
                 self.current_fallback = self.current_fallback or _str(res.get("current_release"))
+                self.unswitched = True
             if isinstance(res.get("log"), Mapping):
                 r.log = TrainerLog.from_result(res.get("log"))
         elif _is(action, "trainer_start") and kind == "ok":
@@ -430,6 +433,8 @@ class _HostState:
         host = r.host
         if not self.release_from_switch and r.release is None:
             r.release = self.current_fallback
+            if self.unswitched and r.previous_release is None:
+                r.previous_release = r.release
         if stats is None:
             r.ok = False
         else:

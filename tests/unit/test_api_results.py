@@ -257,3 +257,27 @@ def test_restart_job_result_rolled_back():
     h = hosts["gpu-host"]
     assert h.rolled_back and h.release == "good" and h.previous_release == "bad"
     assert h.proof.main_pid == 9 and h.log_tail[-1] == "ModuleNotFoundError: x"
+
+
+def _status_event(res, host="gpu-host"):
+    return {"event": "runner_on_ok", "event_data": {
+        "host": host, "task": "Take the deploy lock and read the trainer's state",
+        "resolved_action": "dflash.trainer.trainer_status", "res": res}}
+
+
+@pytest.mark.parametrize("flag", ["no_op", "release_current"])
+def test_a_deploy_that_ran_no_release_call_reports_current_as_its_release_and_previous(flag):
+    """A no-op (or a forced restart of the current release) ends or skips the release call: the
+    release is the one the first read found current, and nothing was switched."""
+    from dflash_trainer.results import build_host_results
+    res = {"changed": False, "running": True, "current_release": "aaa", "running_release": "aaa", flag: True}
+    hosts, _recap = build_host_results([_status_event(res)])
+    h = hosts["gpu-host"]
+    assert h.release == "aaa" and h.previous_release == "aaa"
+
+
+def test_a_status_read_alone_names_no_previous_release():
+    from dflash_trainer.results import build_host_results
+    res = {"changed": False, "running": True, "current_release": "aaa", "running_release": "aaa"}
+    hosts, _recap = build_host_results([_status_event(res)])
+    assert hosts["gpu-host"].previous_release is None
