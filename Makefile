@@ -40,8 +40,10 @@ test-lab: lab
 test-torch: lab
 	python -m pytest -q -s tests/lab/test_torch_lab.py
 
+# collections/ansible_collections/dflash/trainer links back to this checkout: ansible-lint's walk has
+# no loop guard and, past 40 nested links, fails with ELOOP on some paths (seen on a clean clone)
 lint: setup
-	ansible-lint --profile production
+	ansible-lint --profile production --exclude collections
 
 sanity: setup
 	bash .ci/sanity
