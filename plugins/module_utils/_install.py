@@ -193,4 +193,3 @@ def masked_env(text):
         else:
             out.append("********")
     return "\n".join(out) + ("\n" if out else "")
-

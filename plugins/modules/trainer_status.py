@@ -183,7 +183,7 @@ install:
   returned: when O(install) is given
   type: dict
 no_op:
-  description: The deploy (O(no_op)) changes nothing; the lock was released in this call (RV(lock.released)).
+  description: The deploy (O(no_op)) changes nothing; the lock was released in this call (C(released) in RV(lock)).
   returned: when O(no_op) is given
   type: bool
 release_current:

@@ -55,7 +55,7 @@ def test_a_racing_deploy_during_a_long_upload_is_refused(lab, env):
     inv_path, base, src = env
     with open(str(src / "weights.bin"), "wb") as fh:  # incompressible: it goes over as it is
         block = os.urandom(1024 * 1024)
-        for _ in range(1536):
+        for _block in range(1536):
             fh.write(block)
     pid_before = main_pid(lab)
     a = play(inv_path, base, "big", {})

@@ -76,4 +76,3 @@ def test_a_foreign_file_is_refused_before_any_write(tmp_path):
         install_all(p, FakeSystemctl(), "systemctl")
     assert "refused before any change" in err.value.msg and "not written by dflash.trainer" in err.value.msg
     assert not os.path.exists(p["launcher_path"]) and not os.path.exists(p["env_path"])
-

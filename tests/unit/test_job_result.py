@@ -80,7 +80,7 @@ def test_to_dict_and_from_dict_give_the_result_back_json_included():
     result.update(ok=True, proof={"main_pid": 7}, outcome="ready")
     result["warnings"] = ["w"]
     data = result.to_dict()
-    assert type(data) is dict and list(data) == ["release", "restarted", "rolled_back", "proof", "ok", "outcome",
+    assert data.__class__ is dict and list(data) == ["release", "restarted", "rolled_back", "proof", "ok", "outcome",
                                                  "warnings"]
     assert data is not result.to_dict()  # a copy
     assert JobResult.from_dict(data) == result == JobResult.from_dict(json.loads(json.dumps(data)))
@@ -136,7 +136,7 @@ def scenarios():
 def test_every_way_the_job_ends_is_a_declared_result_and_every_declared_key_is_produced():
     seen = set()
     for name, result in scenarios():
-        assert type(result) is dict, name
+        assert result.__class__ is dict, name
         assert problems(result) == [], name
         assert problems(json.loads(json.dumps(result))) == [], name
         seen.update(result)
