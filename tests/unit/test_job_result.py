@@ -80,8 +80,8 @@ def test_to_dict_and_from_dict_give_the_result_back_json_included():
     result.update(ok=True, proof={"main_pid": 7}, outcome="ready")
     result["warnings"] = ["w"]
     data = result.to_dict()
-    assert data.__class__ is dict and list(data) == ["release", "restarted", "rolled_back", "proof", "ok", "outcome",
-                                                 "warnings"]
+    assert data.__class__ is dict
+    assert list(data) == ["release", "restarted", "rolled_back", "proof", "ok", "outcome", "warnings"]
     assert data is not result.to_dict()  # a copy
     assert JobResult.from_dict(data) == result == JobResult.from_dict(json.loads(json.dumps(data)))
     assert result["proof"] == {"main_pid": 7} and "ok" in result and result.get("failure") is None
