@@ -115,7 +115,12 @@ def no_op_reasons(status, release, force=False, install=None):
     if not release:
         return ["no release id to compare"]
     current = status.get("current_release")
-    return restart_reasons(status, release, switched=current != release, install=install, force=force)
+    reasons = restart_reasons(status, release, switched=current != release, install=install, force=force)
+    install = install or {}
+    # the install must still run (and say why it refuses, or enable the unit), though no restart is due
+    if not reasons and (install.get("refused") or install.get("enabled_changed")):
+        reasons = ["install: %s" % (install.get("refused") or "unit enablement changes")]
+    return reasons
 
 
 def job_over(job_id):

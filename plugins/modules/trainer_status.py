@@ -549,8 +549,6 @@ def judge_no_op(module, result, run, systemctl, lock_held):
     # the release the deploy brings is already current (complete by construction): nothing to upload or switch
     result["release_current"] = p["no_op"]["release"] == result.get("current_release")
     reasons = no_op_reasons(result, p["no_op"]["release"], p["no_op"]["force"], result["install"])
-    if result["install"].get("refused") or result["install"].get("enabled_changed"):
-        reasons = reasons or ["install: %s" % (result["install"].get("refused") or "unit enablement changes")]
     result["no_op_reasons"] = reasons
     result["no_op"] = not reasons and lock_held
     if result["no_op"]:

@@ -442,6 +442,8 @@ def test_a_deploy_of_the_running_proved_release_with_nothing_to_install_is_a_no_
     (_proved(health=dict(ok=False, words="restarted 18 s after its proof")), "r1", False, NO_CHANGE,
      "not the one proved: restarted 18 s after its proof"),
     (_proved(), "", False, NO_CHANGE, "no release id"),
+    (_proved(), "r1", False, dict(NO_CHANGE, enabled_changed=True, changed=True), "install: unit enablement changes"),
+    (_proved(), "r1", False, dict(NO_CHANGE, refused="refused before any change"), "install: refused before any change"),
 ])
 def test_anything_that_asks_for_work_is_a_reason(status, release, force, install, words):
     reasons = s.no_op_reasons(status, release, force=force, install=install)
