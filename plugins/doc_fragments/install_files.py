@@ -1,14 +1,52 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The O(install) option of the modules that install (trainer_restart) or compare (trainer_status) the
-trainer's files in the same remote call as their own work: the options of trainer_install, but the
-secret (O(env_content))."""
+"""The trainer's files, documented once: trainer_install's options (FILES, top level) and the
+O(install) option of the modules that install (trainer_restart) or compare (trainer_status) them in
+the same remote call as their own work (DOCUMENTATION: the same options as suboptions, the secret
+O(env_content) top level beside it)."""
 
 from __future__ import annotations
 
+from textwrap import indent
+
+# each file option once; indented below into both places
+_FILE_OPTIONS = r"""
+unit:
+  description: The unit's name (without .service).
+  type: str
+  required: true
+unit_path:
+  description: Where the unit file goes.
+  type: path
+  required: true
+unit_content:
+  description: The unit file.
+  type: str
+  required: true
+enabled:
+  description: Enable the unit at boot (V(false) - disable it).
+  type: bool
+  default: true
+launcher_path:
+  description: Where the launcher goes (mode 0755).
+  type: path
+  required: true
+launcher_content:
+  description: The launcher.
+  type: str
+  required: true
+env_path:
+  description: Where the EnvironmentFile goes (mode 0600, its directory 0700).
+  type: path
+  required: true
+""".lstrip("\n")
+
 
 class ModuleDocFragment(object):
+
+    # trainer_install: the files' options at the top level (its env_content is its own)
+    FILES = "options:\n" + indent(_FILE_OPTIONS, "  ")
 
     DOCUMENTATION = r"""
 options:
@@ -20,35 +58,7 @@ options:
         (or would change).
     type: dict
     suboptions:
-      unit:
-        description: The unit's name (without .service).
-        type: str
-        required: true
-      unit_path:
-        description: Where the unit file goes.
-        type: path
-        required: true
-      unit_content:
-        description: The unit file.
-        type: str
-        required: true
-      enabled:
-        description: Enable the unit at boot (V(false) - disable it).
-        type: bool
-        default: true
-      launcher_path:
-        description: Where the launcher goes (mode 0755).
-        type: path
-        required: true
-      launcher_content:
-        description: The launcher.
-        type: str
-        required: true
-      env_path:
-        description: Where the EnvironmentFile goes (mode 0600, its directory 0700).
-        type: path
-        required: true
-  env_content:
+""" + indent(_FILE_OPTIONS, "      ") + r"""  env_content:
     description:
       - The EnvironmentFile O(install) writes at C(env_path) - a secret, never logged, so a top-level option
         and not one of O(install)'s (Ansible logs a dict option's repr in the target's journal, where a

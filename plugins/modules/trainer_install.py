@@ -21,35 +21,9 @@ description:
 author:
   - dflash.trainer maintainers (@dflash)
 version_added: 0.2.0
+extends_documentation_fragment:
+  - dflash.trainer.install_files.files
 options:
-  unit:
-    description: The unit's name (without .service).
-    type: str
-    required: true
-  unit_path:
-    description: Where the unit file goes.
-    type: path
-    required: true
-  unit_content:
-    description: The unit file.
-    type: str
-    required: true
-  enabled:
-    description: Enable the unit at boot (V(false) - disable it).
-    type: bool
-    default: true
-  launcher_path:
-    description: Where the launcher goes (mode 0755).
-    type: path
-    required: true
-  launcher_content:
-    description: The launcher.
-    type: str
-    required: true
-  env_path:
-    description: Where the EnvironmentFile goes (mode 0600, its directory 0700).
-    type: path
-    required: true
   env_content:
     description: The EnvironmentFile (secret).
     type: str
