@@ -606,9 +606,7 @@ def _placement_problems(v):
             continue
         why = placement_problem(kind, value)
         if why:
-            problems.append(Problem(name, why, "a path of the collection's own (e.g. the default %s)"
-                                    % _DEFAULT_PLACES.get(name, "") if name in _DEFAULT_PLACES else PATH_ACCEPTED,
-                                    value))
+            problems.append(Problem(name, why, _place_example(name), value))
     unit = v.get("trainer_unit_name")
     if isinstance(unit, str) and unit_name_problem(unit) is None:
         unit_path = "/etc/systemd/system/%s.service" % unit
@@ -623,8 +621,19 @@ _DEFAULT_PLACES = {"trainer_launcher_path": "/usr/local/lib/dflash-trainer/launc
                    "trainer_log_path": "/workspace/trainer.log",
                    "trainer_lock_path": "/run/dflash-trainer.deploy.lock",
                    "trainer_job_state_path": "/var/lib/dflash-trainer/restart.json",
-                   "trainer_inductor_cache_dir": "/tmp/torchinductor_root",
-                   "trainer_metrics_path": "/var/lib/node_exporter/textfile_collector/dflash_trainer.prom"}
+                   "trainer_inductor_cache_dir": "/tmp/torchinductor_root"}
+# a path whose default is off (empty): an example, never called its default
+_EXAMPLE_PLACES = {"trainer_metrics_path": "/var/lib/node_exporter/textfile_collector/dflash_trainer.prom"}
+
+
+def _place_example(name):
+    """What a refused placement of ``name`` should be instead, with the role's default (tests check
+    _DEFAULT_PLACES against defaults/main.yml) or an example."""
+    if name in _DEFAULT_PLACES:
+        return "a path of the collection's own (e.g. the default %s)" % _DEFAULT_PLACES[name]
+    if name in _EXAMPLE_PLACES:
+        return "a path of the collection's own (e.g. %s)" % _EXAMPLE_PLACES[name]
+    return PATH_ACCEPTED
 
 METRICS_ACCEPTED = ("empty (no metrics), or an absolute path ending in .prom in node_exporter's textfile collector "
                     "directory, e.g. /var/lib/node_exporter/textfile_collector/dflash_trainer.prom")

@@ -232,3 +232,13 @@ def test_host_view_on_with_the_pct_connection_passes():
     assert any("needs the dflash.trainer.pct connection" in p for p in problems(
         trainer_gpu_host_view="yes", ansible_connection="community.proxmox.proxmox_pct_remote"))
     assert problems(trainer_gpu_host_view=True, trainer_node_nvidia_smi="/usr/bin/nvidia-smi") == []
+
+
+def test_default_places_in_messages_are_the_role_defaults():
+    """The refusal messages name each path's default as an example (_DEFAULT_PLACES): every one of
+    them is the role's default, so a default moved in defaults/main.yml cannot leave a message
+    pointing at the old place."""
+    with open(os.path.join(ROOT, "roles", "trainer", "defaults", "main.yml")) as fh:
+        defaults = yaml.safe_load(fh)
+    for name, place in v._DEFAULT_PLACES.items():
+        assert defaults[name] == place, name
