@@ -635,6 +635,7 @@ def _place_example(name):
         return "a path of the collection's own (e.g. %s)" % _EXAMPLE_PLACES[name]
     return PATH_ACCEPTED
 
+
 METRICS_ACCEPTED = ("empty (no metrics), or an absolute path ending in .prom in node_exporter's textfile collector "
                     "directory, e.g. /var/lib/node_exporter/textfile_collector/dflash_trainer.prom")
 
