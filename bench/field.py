@@ -178,7 +178,7 @@ def trainer_own_s(vmid, reps=3, root="/opt/dflash-trainer", unit="dflash-trainer
     subprocess.run(pct + ["systemctl", "stop", unit], check=True)
     env = ["%s=%s" % kv for kv in sorted(FAST["trainer_env"].items())] + ["PYTHONUNBUFFERED=1"]
     took = []
-    for _ in range(reps):
+    for _rep in range(reps):
         res = subprocess.run(pct + ["python3", "-c", OWN_PROBE % root, str(FAST["trainer_ready_min_steps"])] + env,
                              capture_output=True, text=True, timeout=60, check=False)
         if res.returncode != 0 or res.stdout.strip() in ("", "none"):

@@ -78,3 +78,15 @@ def test_the_docs_test_can_fail(tmp_path):
     assert re.findall(r"\bdflash\.trainer\.([a-z_][a-z0-9_]*)", "use dflash.trainer.trainer_nope") == ["trainer_nope"]
     assert "trainer_nope" not in plugin_names() and "trainer_status" in plugin_names()
     assert "trainer_lock_lease_s" in role_variables() and "trainer_nope_s" not in role_variables()
+
+
+def test_install_files_fragment_copies_agree():
+    """The install_files doc fragment's two literal copies of the file options - O(install)'s
+    suboptions and trainer_install's top-level options - say the same."""
+    from ansible_collections.dflash.trainer.plugins.doc_fragments.install_files import ModuleDocFragment as f
+
+    nested = yaml.safe_load(f.DOCUMENTATION)["options"]["install"]["suboptions"]
+    top = yaml.safe_load(f.FILES)["options"]
+    assert nested == top
+    assert sorted(top) == ["enabled", "env_path", "launcher_content", "launcher_path", "unit", "unit_content",
+                           "unit_path"]
