@@ -223,8 +223,7 @@ def main(argv=None):
     os.makedirs(work, exist_ok=True)
     paths = inventories(work)
     log("first deploys (not timed)")
-    first = (("ours", "deploy.yml", FAST), ("plain", "bench/plain/deploy.yml", None))
-    for name, playbook, extra in first:
+    for name, playbook, extra in (("ours", "deploy.yml", FAST), ("plain", "bench/plain/deploy.yml", None)):
         _wall, _n, rc, out = play(paths[name], os.path.join(ROOT, playbook), extra)
         if rc != 0:
             raise SystemExit("field: first %s deploy failed:\n%s" % (name, out[-3000:]))

@@ -56,10 +56,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import append_ledger, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, done, failed, waiting
 
-# The drain's reads: the trainer is stopped, nothing competes for nvidia-smi, and the judge wants two
-# readings in a row at or below the limit - 0.1 s apart confirms as well as 0.25 s, 0.15 s sooner.
-DRAIN_INTERVAL_S = 0.1
-
 
 class Steps(object):
     """The cycle's steps, bound to this module's parameters."""
@@ -76,8 +72,7 @@ class Steps(object):
         deadline = time.monotonic() + self.p["drain_timeout_s"]
         try:
             details = drain(Runner(deadline=deadline), self.nvidia_smi, gpus=self.p["gpus"],
-                            max_mib=self.p["drain_max_mib"], timeout_s=self.p["drain_timeout_s"],
-                            interval_s=DRAIN_INTERVAL_S, tick=self.tick,
+                            max_mib=self.p["drain_max_mib"], timeout_s=self.p["drain_timeout_s"], tick=self.tick,
                             allowance=mib_by_index(self.p["gpu_foreign_mib"]))
         except StepFailed as exc:
             self.baseline = exc.details.get("gpus_mib")  # a start that goes ahead anyway (bringing back)
