@@ -1,7 +1,11 @@
-"""A big upload keeps the lock (issue 14 item 1), on lab container 238: a release with a 1.5 GiB file
-takes longer to arrive than the lock's lease (10 s here); the play's lease is renewed while it
-arrives, so a racing deploy started past the lease is refused - never interleaved - and the first
-deploy restarts alone."""
+"""A long upload keeps the lock, on lab container 238: a release that takes longer to arrive than
+the lock's lease (10 s here); the play's lease is renewed while it arrives, so a racing deploy started
+past the lease is refused - never interleaved - and the first deploy restarts alone.
+
+How long an upload takes is the machine's business, not the test's: once the release's stream is
+flowing, the test stops the process in the container that writes it into the module's fifo
+(SIGSTOP), so the upload lasts exactly as long as the test holds it, on any machine, and lets it go
+on (SIGCONT) once the racing deploy has been answered."""
 import json
 import os
 import shutil
@@ -47,6 +51,23 @@ def play(inv_path, base, name, extra):
                             start_new_session=True)
 
 
+# In the container: the pid of the `cat` that writes a release stream into the module's fifo (the
+# pct connection's put_stream), once the module unpacking it has made its temporary release
+# directory; nothing while either is missing.
+WRITER_SCRIPT = r"""
+ls -d /opt/dflash-trainer/releases/.tmp-* >/dev/null 2>&1 || exit 1
+for p in $(pgrep -x cat); do
+    case "$(readlink /proc/$p/fd/1)" in *release-*.tar*) echo "$p"; exit 0;; esac
+done
+exit 1
+"""
+
+
+def stream_writer(lab):
+    out = lab.ct(CT, "sh", "-c", WRITER_SCRIPT)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def main_pid(lab):
     return lab.ct(CT, "systemctl", "show", "-p", "MainPID", "--value", "dflash-trainer").stdout.strip()
 
@@ -55,21 +76,26 @@ def test_a_racing_deploy_during_a_long_upload_is_refused(lab, env):
     inv_path, base, src = env
     with open(str(src / "weights.bin"), "wb") as fh:  # incompressible: it goes over as it is
         block = os.urandom(1024 * 1024)
-        for _block in range(1536):
+        for _block in range(1024):
             fh.write(block)
     pid_before = main_pid(lab)
     a = play(inv_path, base, "big", {})
     # A holds the lock and its release is arriving (the module unpacks into releases/.tmp-*)
-    assert wait_for(lambda: lab.ct(CT, "sh", "-c", "ls -d /opt/dflash-trainer/releases/.tmp-*").returncode == 0,
-                    timeout=120, interval=0.2), "the upload never began"
-    began = time.monotonic()
-    while time.monotonic() - began < LEASE + 1:  # past the lease the play took: only renewals keep it
-        time.sleep(0.5)
-    still_uploading = lab.ct(CT, "sh", "-c", "ls -d /opt/dflash-trainer/releases/.tmp-*").returncode == 0
-    b = play(inv_path, base, "racer", {"trainer_force_restart": True})
-    out_b = b.communicate(timeout=300)[0]
+    writer = wait_for(lambda: stream_writer(lab), timeout=120, interval=0.02)
+    assert writer, "the release's stream into the container never began"
+    assert lab.ct(CT, "kill", "-STOP", writer).returncode == 0
+    try:
+        # the upload is held: past the lease the play took, only its renewals keep the lock
+        began = time.monotonic()
+        while time.monotonic() - began < LEASE + 1:
+            time.sleep(0.5)
+        still_uploading = lab.ct(CT, "sh", "-c", "ls -d /opt/dflash-trainer/releases/.tmp-*").returncode == 0
+        b = play(inv_path, base, "racer", {"trainer_force_restart": True})
+        out_b = b.communicate(timeout=300)[0]
+    finally:
+        lab.ct(CT, "kill", "-CONT", writer)
     out_a = a.communicate(timeout=600)[0]
-    assert still_uploading, "the upload ended within the lease: this host is too fast for the test's file"
+    assert still_uploading, "release A's unpacking was not under way while its stream was held"
     assert b.returncode != 0 and "another deploy holds" in out_b, out_b[-3000:]
     assert a.returncode == 0 and "ready: release" in out_a, out_a[-3000:]
     assert main_pid(lab) != pid_before
