@@ -37,7 +37,7 @@ CALL = re.compile(r"^<[^>]+> (?:PCT )?(EXEC|PUT|FETCH)\b", re.M)
 # the stand-in trainer: 0.3 s of start-up, a step every 0.25 s; the proof: 2 steps, then a 2 s hold
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 60,
         "trainer_ready_min_steps": 2,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3", "DFLASH_FAKE_STEP_INTERVAL_S": "0.25"},
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3", "FAKE_TRAINER_STEP_INTERVAL_S": "0.25"},
         "trainer_target_hosts": "all", "trainer_src": os.path.join(ROOT, "examples", "trainer")}
 
 
@@ -148,8 +148,8 @@ TARGETS = {("no-op deploy", 0.0): 2.5, ("no-op deploy", 0.5): 4.0}
 OVERHEAD_TARGETS = {("forced restart", 0.0): 3.0}
 # the trainer's own as configured: its start-up, the steps the proof waits for before its hold, and
 # the hold - the earliest moment any proof of this trainer could end, its interpreter's start aside
-TRAINER_OWN_S = (float(FAST["trainer_env"]["DFLASH_FAKE_STARTUP_S"])
-                 + FAST["trainer_ready_min_steps"] * float(FAST["trainer_env"]["DFLASH_FAKE_STEP_INTERVAL_S"])
+TRAINER_OWN_S = (float(FAST["trainer_env"]["FAKE_TRAINER_STARTUP_S"])
+                 + FAST["trainer_ready_min_steps"] * float(FAST["trainer_env"]["FAKE_TRAINER_STEP_INTERVAL_S"])
                  + FAST["trainer_ready_hold_s"])
 # ... and as measured: the release's run.sh started in the container (the unit stopped, so the GPUs
 # are free), timed from its spawn to its min_steps-th progress line, plus the hold. The launcher and

@@ -70,7 +70,7 @@ class Bench(object):
             "trainer_ready_stall_s": min(5.0, args.hold_s),
             "trainer_ready_interval_s": 1.0,
             "trainer_ready_min_steps": 2,
-            "trainer_startup_s": "2.0 (stand-in default, DFLASH_FAKE_STARTUP_S)",
+            "trainer_startup_s": "2.0 (stand-in default, FAKE_TRAINER_STARTUP_S)",
             "fleet": {"hosts": len(IDS), "forks": 8, "trainer_serial": 8},
             "bigrelease": {"vmid": args.big_vmid, "file_mib": args.big_mib, "dir": args.big_dir},
             "containers": IDS,

@@ -54,7 +54,7 @@ FAST = {
     "trainer_stop_timeout_s": 3,
     "trainer_drain_timeout_s": 6,
     "trainer_release_keep": KEEP,
-    "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.5"},
+    "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.5"},
 }
 
 # fault -> (fault.env knobs, regex the restart job's failure must match); from molecule/faults

@@ -1,18 +1,29 @@
-"""dflash-trainer (python -m dflash_trainer) deploy|status|restart|rollback|history|logs [-l HOST]
-[-i INVENTORY] [-e k=v]... [--check] [--diff] [--json] [-q]
-dflash-trainer logs -l HOST [-n 20] [-f] [--start INVOCATION]
-dflash-trainer history -l HOST [-n 10] [--plot FILE.png|.svg|.html [--min-tokps-ratio 0.9]]
+"""dflash-trainer (python -m dflash_trainer): the dflash.trainer playbooks as subcommands, with
+typed per-host results, and check-log, which fits the readiness proof to a trainer offline.
 
-While a play runs, stderr says what it does (`step: <task>`, the restart job's phase); at the end
-stdout has each host's report, the diffs (--diff) and a summary table (deploy, restart, rollback).
---json prints the RunResult instead (RunResult.from_dict reads it back). logs prints this start's
-last lines (-n), -f follows them until Ctrl-C or SIGTERM. history prints the ledger's table and a
-sparkline of tok/s per release; --plot draws the chart (dflash_trainer/plot.py, matplotlib).
+    dflash-trainer deploy   [-l HOST] [-i INVENTORY] [-e VARS]... [-C] [-D] [--json] [-q] [-v...]
+    dflash-trainer restart  [...same]            dflash-trainer rollback [--release ID] [...same]
+    dflash-trainer status   [-l HOST] [-i INVENTORY] [-e VARS]... [--json]
+    dflash-trainer history  [-n RELEASES] [--plot FILE [--min-tokps-ratio R]] [...]
+    dflash-trainer logs     [-n LINES] [-f] [--start INVOCATION] [--explain] [...]
+    dflash-trainer check-log FILE [-e VARS]... [--line-interval-s S] [--clock ...] [--at-end ...] [--json]
+    dflash-trainer --version
+
+Each subcommand has its own --help. While a play runs, stderr says what it does (`step: <task>`, the
+restart job's phase); at the end stdout has each host's report, the diffs (--diff) and a summary
+table (deploy, restart, rollback). --json prints the RunResult instead (RunResult.from_dict reads it
+back). -v, -vv, ... is Ansible's verbosity (ANSIBLE_VERBOSITY for the run); ansible-playbook's own
+output then goes to stderr too. logs prints this start's last lines (-n), -f follows them until
+Ctrl-C or SIGTERM, --explain replays them through the proof (as check-log does). history prints
+the ledger's table and a sparkline of tok/s per release; --plot draws the chart
+(dflash_trainer/plot.py, matplotlib). check-log: see dflash_trainer/check_log.py.
 
 Exit status: 0 when every host is ok, 1 when the run or a host failed (a run that matches no
 host included, a play stopped by Ctrl-C / SIGTERM), 2 on a usage error; logs -f stopped by
-Ctrl-C / SIGTERM: 0.
--e takes what ansible-playbook's -e takes: key=value (value a string), a JSON object, @file (YAML/JSON).
+Ctrl-C / SIGTERM: 0. check-log and logs --explain: 0 when the proof would pass, 1 when it would
+fail, 2 on bad input.
+-e takes what ansible-playbook's -e takes: key=value (Ansible's own parser: quotes group words,
+backslashes stay), a JSON object, @file (YAML/JSON).
 Configuration and inventory are the caller's, as for ansible-playbook run from the checkout:
 $ANSIBLE_CONFIG when set (else the checkout's ansible.cfg), -i when given (else that
 configuration's inventory); host key checking stays as that configuration says.
@@ -20,19 +31,23 @@ configuration's inventory); host key checking stays as that configuration says.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import shlex
+import os
 import signal
 import sys
 from typing import Optional
 
-from . import api, plot, progress
+from . import api, check_log, plot, progress
 from .results import HostResult, RunResult, TrainerLog
 
 PLOT_HISTORY = 50  # the ledger's length (LEDGER_KEEP in plugins/module_utils/_throughput.py)
+EXPLAIN_LINES = 5000  # logs --explain: this start's lines fetched to replay (unless -n says otherwise)
 
 
 def parse_extravar(text: str) -> dict:
+    """One -e value as ansible-playbook reads it: @FILE (YAML/JSON), a JSON object, or key=value
+    words (ansible's parse_kv: quotes group words, backslashes are kept, so regexes pass intact)."""
     text = text.strip()
     if text.startswith("@"):
         import yaml
@@ -41,13 +56,14 @@ def parse_extravar(text: str) -> dict:
     elif text.startswith("{"):
         data = json.loads(text)
     else:
-        data = {}
-        # like ansible-playbook -e: shell-style words, so 'msg="two words"' is one value
-        for part in shlex.split(text):
-            if "=" not in part:
-                raise ValueError("expected key=value, got %r" % part)
-            key, value = part.split("=", 1)
-            data[key] = value
+        from ansible.parsing.splitter import parse_kv
+        try:
+            data = parse_kv(text, check_raw=False)
+        except Exception as e:  # AnsibleParserError: unbalanced quotes and the like
+            raise ValueError("cannot read -e %r: %s" % (text, e)) from None
+        raw = data.pop("_raw_params", None)
+        if raw is not None:
+            raise ValueError("expected key=value, got %r" % raw)
     if not isinstance(data, dict):
         raise ValueError("extra vars must be a mapping: %r" % text)
     return data
@@ -153,16 +169,24 @@ def print_log(host: str, log: TrainerLog, many: bool, as_json: bool, out=None) -
 
 
 def run_logs(args, kwargs, stop: Stop) -> int:
-    lines = 20 if args.count is None else args.count
+    lines = (EXPLAIN_LINES if args.explain else 20) if args.count is None else args.count
     if not args.follow:
         result = api.logs(lines=lines, invocation=args.start, cancel=stop, **kwargs)
         many = len(result.hosts) > 1
+        verdicts = []
         for host, h in result.hosts.items():
-            if h.log is not None:
+            if h.log is None:
+                continue
+            if args.explain:
+                verdicts.append(explain_log(host, h.log, lines, kwargs["extravars"], args))
+            else:
                 print_log(host, h.log, many, args.json)
         if not result.ok:
             print(describe(result, args.limit), file=sys.stderr)
-        return 0 if result.ok else 1
+            return 1
+        if args.explain:
+            return 2 if 2 in verdicts else 0 if verdicts and all(v == 0 for v in verdicts) else 1
+        return 0
     seen: set = set()
 
     def on_lines(host, log):
@@ -177,62 +201,334 @@ def run_logs(args, kwargs, stop: Stop) -> int:
     return 0 if result.ok else 1
 
 
+def explain_log(host: str, log: TrainerLog, asked: int, extravars: dict, args) -> int:
+    """logs --explain: this start's lines, as fetched, replayed through the proof (check-log's
+    replay, with the role defaults and -e; the inventory's variables are not known here)."""
+    if not log.lines:
+        print("%s: nothing to explain: %s" % (host, log.problem or "this start's log has no lines yet"),
+              file=sys.stderr)
+        return 1
+    try:
+        result, defaults = check_log.check_lines(
+            log.lines, extravars, invocation=log.invocation, release=log.release,
+            source="%s (start %s)" % (host, log.invocation), **replay_options(args))
+    except check_log.BadInput as e:
+        print("dflash-trainer logs --explain: %s" % e, file=sys.stderr)
+        return 2
+    result.notes.append("variables: the role defaults and -e only (the inventory's are not read: pass them with -e)")
+    if len(log.lines) >= asked:
+        result.notes.append("only this start's last %d lines were fetched (-n): the replay begins there" % asked)
+    print_replay(result, defaults, args)
+    return 0 if result.ok else 1
+
+
+def replay_options(args) -> dict:
+    return dict(line_interval_s=args.line_interval_s, clock=args.clock, at_end=args.at_end,
+                exit_status=args.exit_status)
+
+
+def print_replay(result, defaults: dict, args) -> None:
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, sort_keys=True, default=str))
+    else:
+        show = "none" if getattr(args, "quiet", False) else "all" if getattr(args, "all", False) else "verdict"
+        print(check_log.report_text(result, defaults, show=show))
+
+
+def run_check_log(args, extravars: dict) -> int:
+    try:
+        result, defaults = check_log.check_file(args.file, extravars, start=args.start, **replay_options(args))
+    except check_log.BadInput as e:
+        print("dflash-trainer check-log: %s" % e, file=sys.stderr)
+        return 2
+    print_replay(result, defaults, args)
+    return 0 if result.ok else 1
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+def package_version() -> str:
+    """dflash-trainer's version (the package metadata) and the collection's (galaxy.yml or MANIFEST.json)."""
+    from importlib import metadata
+    try:
+        pkg = metadata.version("dflash-trainer")
+    except metadata.PackageNotFoundError:
+        pkg = "(not installed)"
+    try:
+        root = check_log.collection_root()
+        coll = None
+        if os.path.isfile(os.path.join(root, "MANIFEST.json")):
+            with open(os.path.join(root, "MANIFEST.json")) as fh:
+                coll = json.load(fh)["collection_info"]["version"]
+        else:
+            import yaml
+            with open(os.path.join(root, "galaxy.yml")) as fh:
+                coll = yaml.safe_load(fh)["version"]
+        where = "collection dflash.trainer %s at %s" % (coll, root)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        where = "collection dflash.trainer not found: %s" % e
+    return "dflash-trainer %s (%s)" % (pkg, where)
+
+
+class VersionAction(argparse.Action):
+    """--version, worked out only when asked (finding an installed collection reads Ansible's configuration)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(package_version())
+        parser.exit()
+
+
+HELP = {
+    "deploy": "upload trainer_src as a release, install the unit, restart if anything changed, prove it "
+              "ready; roll back on a failed proof (deploy.yml)",
+    "status": "read-only: the unit, the releases, GPU memory, this start's last progress line",
+    "restart": "restart on the current release and prove it (playbooks/restart.yml)",
+    "rollback": "switch to the last good release (or --release), restart, prove (playbooks/rollback.yml)",
+    "history": "read-only: the last releases with their measured tok/s and verdicts",
+    "logs": "read-only: this start's last log lines (-f follows them, --explain replays them through the proof)",
+    "check-log": "offline: replay a captured log through the readiness proof's log judge",
+}
+CHECK_LOG_DESCRIPTION = """\
+Replay a captured trainer log through the readiness proof's log judge, offline, in seconds: what
+each line shows (step and total, tok/s, a line matching trainer_ready_regex, an error pattern, a
+reason line), the verdict the proof would reach (READY, FAILED and why, NEVER READY and what was
+missing), at which line, and which variable to change.
+
+The variables are those a deploy would use: the role defaults of the collection this CLI runs
+(roles/trainer/defaults/main.yml, read now) with -e on top, checked as the deploy checks them.
+
+A log has no clock, so one is simulated: each line arrives --line-interval-s after the one before
+(default %s s, the proof's default poll interval), or at its own timestamp when the lines carry
+one (--clock auto: when at least half of them do). The unit and the GPUs are synthetic and healthy
+- unit active/running with one invocation id and no restart, every GPU of trainer_gpus at
+trainer_gpu_min_mib - so that only the log decides. A "\\r" (a tqdm redraw) ends a line, as it
+does for the proof; LINE numbers count such lines. A log without a dflash start marker (a capture
+usually has none) is all this start's: the marker is synthesised before line 1; a copy of the
+trainer's log file is judged for its last start (or --start). journalctl's line prefixes are
+removed (their time is used).
+
+Capture a log: journalctl -u dflash-trainer -o short-iso -a --no-pager > trainer.log (in the
+container; -a keeps lines with "\\r"), or cp /workspace/trainer.log (trainer_log_path).
+""" % check_log.DEFAULT_LINE_INTERVAL_S
+EPILOG = "exit status: 0 ok, 1 failed, 2 usage error"
+CHECK_EPILOG = "exit status: 0 when the proof would pass, 1 when it would fail, 2 on bad input"
+
+
+def _add_extra_vars(p, dest="extra_vars"):
+    p.add_argument("-e", "--extra-vars", dest=dest, action="append", default=[], metavar="VARS",
+                   help="key=value (as ansible-playbook -e), a JSON object or @file (YAML/JSON); repeatable")
+
+
+def _add_target(p, progress_lines=True):
+    p.add_argument("-l", "--limit", help="host pattern (ansible-playbook -l)")
+    p.add_argument("-i", "--inventory",
+                   help="inventory path or host list (default: the configured inventory, as ansible-playbook)")
+    _add_extra_vars(p)
+    p.add_argument("--timeout", type=int, help="seconds for the whole run")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="Ansible's verbosity (-v, -vv, ...; ANSIBLE_VERBOSITY for the run); ansible-playbook's own "
+                        "output is printed to stderr")
+    if progress_lines:
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _add_change(p):
+    p.add_argument("-C", "--check", action="store_true", help="ansible-playbook --check: change nothing")
+    p.add_argument("-D", "--diff", action="store_true",
+                   help="ansible-playbook --diff: the release's files, the unit and environment file changes")
+
+
+def _add_replay(p):
+    p.add_argument("--line-interval-s", type=float, default=check_log.DEFAULT_LINE_INTERVAL_S, metavar="S",
+                   help="seconds between two lines of the simulated clock (default %(default)s)")
+    p.add_argument("--clock", choices=("auto", "interval", "timestamps"), default="auto",
+                   help="auto (default): the lines' own timestamps when at least half of them have one, else "
+                        "--line-interval-s; interval: always the fixed rate; timestamps: always the lines' times")
+    p.add_argument("--at-end", choices=("hang", "exit"), default="hang",
+                   help="after the last line the trainer goes on printing nothing (hang, default) or its process "
+                        "exits (exit, with --exit-status)")
+    p.add_argument("--exit-status", type=int, default=1, metavar="N",
+                   help="--at-end exit: the process's exit status (default %(default)s)")
+
+
+# global spellings of the run options, accepted before the subcommand too (as the flat parser had them)
+PRE_OPTIONS = (("-l", "--limit", "limit", dict()), ("-i", "--inventory", "inventory", dict()),
+               ("-e", "--extra-vars", "extra_vars", dict(action="append", default=[])),
+               ("-v", "--verbose", "verbose", dict(action="count", default=0)),
+               ("-q", "--quiet", "quiet", dict(action="store_true")),
+               (None, "--json", "json", dict(action="store_true")),
+               ("-C", "--check", "check", dict(action="store_true")),
+               ("-D", "--diff", "diff", dict(action="store_true")),
+               (None, "--timeout", "timeout", dict(type=int)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash-trainer", epilog="each subcommand has its own --help; " + EPILOG,
+        description="Run the dflash.trainer playbooks and report typed per-host results; check-log fits the "
+                    "readiness proof to a trainer's log offline.")
+    parser.add_argument("--version", action=VersionAction, help="the package's and the collection's version")
+    for short, long, dest, kw in PRE_OPTIONS:
+        parser.add_argument(*[o for o in (short, long) if o], dest="pre_" + dest, help=argparse.SUPPRESS, **kw)
+    sub = parser.add_subparsers(dest="action", metavar="COMMAND", required=True)
+    parser.commands = {}  # name -> its parser (its errors show its own usage)
+
+    def command(name, epilog=EPILOG, **kw):
+        parser.commands[name] = sub.add_parser(
+            name, help=HELP[name], description=kw.pop("description", HELP[name]), epilog=epilog,
+            formatter_class=kw.pop("formatter_class", argparse.HelpFormatter), **kw)
+        return parser.commands[name]
+
+    for name in ("deploy", "restart", "rollback"):
+        p = command(name)
+        _add_target(p)
+        _add_change(p)
+        if name == "rollback":
+            p.add_argument("--release", help="the release to switch to (default: the last good one)")
+        p.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+    p = command("status")
+    _add_target(p)
+    p.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+    p = command("history")
+    _add_target(p)
+    p.add_argument("-n", "--count", type=int, metavar="RELEASES", help="how many releases (default 10)")
+    p.add_argument("--plot", metavar="FILE",
+                   help="draw tok/s per release into FILE (.png, .svg, or .html: a page with the SVG inline); needs "
+                        "matplotlib: pip install 'dflash-trainer[plot]'")
+    p.add_argument("--min-tokps-ratio", type=float, metavar="RATIO",
+                   help="--plot: draw the throughput gate's threshold, RATIO x the previous good release's median "
+                        "(default: -e trainer_min_tokps_ratio=..., else none)")
+    p.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+    p = command("logs")
+    _add_target(p, progress_lines=False)
+    p.add_argument("-n", "--lines", dest="count", type=int, metavar="LINES",
+                   help="how many of this start's last lines (default 20; --explain: %d)" % EXPLAIN_LINES)
+    p.add_argument("-f", "--follow", action="store_true", help="follow the log (Ctrl-C stops)")
+    p.add_argument("--start", metavar="INVOCATION",
+                   help="the start (invocation id, as in the log's marker lines) to read; default this one")
+    p.add_argument("--explain", action="store_true",
+                   help="replay the lines through the proof, as check-log does (role defaults and -e; not the "
+                        "inventory's variables)")
+    p.add_argument("--all", action="store_true", help="--explain: show every line, also those after the verdict")
+    _add_replay(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per host (--explain: the replay)")
+    p = command("check-log", epilog=CHECK_EPILOG, description=CHECK_LOG_DESCRIPTION,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="the captured log ('-': standard input)")
+    _add_extra_vars(p)
+    _add_replay(p)
+    p.add_argument("--start", metavar="INVOCATION",
+                   help="a log with dflash start markers: the start to judge (default: the last one)")
+    p.add_argument("--all", action="store_true", help="show every line, also those after the verdict and other starts'")
+    p.add_argument("-q", "--quiet", action="store_true", help="the verdict and the advice only, no line table")
+    p.add_argument("--json", action="store_true", help="print the replay as JSON (every line, the verdict, the advice)")
+    return parser
+
+
+def unknown_words(parser, action: str, unknown: list) -> str:
+    """"unrecognized arguments: ..." and, for an option another subcommand has, which ones it goes with."""
+    words = "unrecognized arguments: %s" % " ".join(unknown)
+    where: dict = {}
+    for token in unknown:
+        option = token.split("=", 1)[0]
+        if not option.startswith("-"):
+            continue
+        owners = [name for name, p in parser.commands.items() if option in p._option_string_actions]
+        if owners:
+            where.setdefault(", ".join(owners), []).append(option)
+    for owners, options in where.items():
+        words += "; options that only go with %s: %s (see dflash-trainer %s --help)" % (
+            owners, ", ".join(options), owners.split(", ")[0])
+    return words
+
+
+def merge_pre_options(parser, args) -> None:
+    """Options given before the subcommand join the subcommand's own (a subcommand that has no such
+    option refuses it)."""
+    for short, long, dest, _kw in PRE_OPTIONS:
+        pre = getattr(args, "pre_" + dest)
+        delattr(args, "pre_" + dest)
+        if pre in (None, False, 0, []):
+            continue
+        if not hasattr(args, dest):
+            parser.error("%s does not go with %s" % (long, args.action))
+        current = getattr(args, dest)
+        if dest in ("extra_vars", "verbose"):
+            setattr(args, dest, pre + current)
+        elif current in (None, False):
+            setattr(args, dest, pre)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="dflash-trainer",
-                                     description="Run the dflash.trainer playbooks and report typed per-host results.")
-    parser.add_argument("action", choices=sorted(api.PLAYBOOKS))
-    parser.add_argument("-l", "--limit", help="host pattern (ansible-playbook -l)")
-    parser.add_argument("-i", "--inventory",
-                        help="inventory path or host list (default: the configured inventory, as ansible-playbook)")
-    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
-                        help="key=value (shell-style words), a JSON object or @file; repeatable")
-    parser.add_argument("--release", help="rollback: the release to switch to (default: the last good one)")
-    parser.add_argument("-n", "--count", type=int,
-                        help="history: how many releases (default 10); logs: how many lines (default 20)")
-    parser.add_argument("-f", "--follow", action="store_true", help="logs: follow the log (Ctrl-C stops)")
-    parser.add_argument("--start", metavar="INVOCATION",
-                        help="logs: the start (invocation id, as in the log's marker lines) to read; default this one")
-    parser.add_argument("-C", "--check", action="store_true", help="ansible-playbook --check: change nothing")
-    parser.add_argument("-D", "--diff", action="store_true",
-                        help="ansible-playbook --diff: the release's files, the unit and environment file changes")
-    parser.add_argument("--plot", metavar="FILE",
-                        help="history: draw tok/s per release into FILE (.png, .svg, or .html: a page with the SVG "
-                             "inline); needs matplotlib: pip install 'dflash-trainer[plot]'")
-    parser.add_argument("--min-tokps-ratio", type=float, metavar="RATIO",
-                        help="history --plot: draw the throughput gate's threshold, RATIO x the previous good "
-                             "release's median (default: -e trainer_min_tokps_ratio=..., else none)")
-    parser.add_argument("--timeout", type=int, help="seconds for the whole run")
-    parser.add_argument("--json", action="store_true", help="print the RunResult as JSON")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
-    args = parser.parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    sub = parser.commands[args.action]
+    if unknown:
+        sub.error(unknown_words(parser, args.action, unknown))
+    merge_pre_options(parser, args)
 
     extravars: dict = {}
     try:
         for item in args.extra_vars:
             extravars.update(parse_extravar(item))
     except (ValueError, OSError) as e:
-        parser.error(str(e))
-    if args.release and args.action != "rollback":
-        parser.error("--release only goes with rollback")
-    if (args.follow or args.start) and args.action != "logs":
-        parser.error("-f and --start only go with logs")
-    if args.count is not None and args.action not in ("history", "logs"):
-        parser.error("-n only goes with history and logs")
-    if (args.plot or args.min_tokps_ratio is not None) and args.action != "history":
-        parser.error("--plot and --min-tokps-ratio only go with history")
-    if args.plot:
+        sub.error("-e: %s" % e)
+    if args.action == "check-log":
+        return run_check_log(args, extravars)
+    if args.action == "logs":
+        if args.follow and args.explain:
+            sub.error("--explain reads this start's lines once: it does not go with -f")
+    if getattr(args, "plot", None):
         try:  # before the run: a chart that cannot be written is said at once
             plot.chart_format(args.plot)
             plot.require_matplotlib()
             args.min_tokps_ratio = gate_ratio(args.min_tokps_ratio, extravars)
         except (ValueError, plot.PlotUnavailable) as e:
-            parser.error(str(e))
+            sub.error(str(e))
+    elif getattr(args, "min_tokps_ratio", None) is not None:
+        sub.error("--min-tokps-ratio goes with --plot")
 
     stop = Stop().install()
     try:
-        return run(args, extravars, stop)
+        with ansible_verbosity(args.verbose):
+            return run(args, extravars, stop)
     finally:
         stop.uninstall()
+
+
+@contextlib.contextmanager
+def ansible_verbosity(level: int):
+    """ANSIBLE_VERBOSITY=LEVEL for the runs inside (ansible-runner passes our environment on)."""
+    if not level:
+        yield
+        return
+    before = os.environ.get("ANSIBLE_VERBOSITY")
+    os.environ["ANSIBLE_VERBOSITY"] = str(level)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("ANSIBLE_VERBOSITY", None)
+        else:
+            os.environ["ANSIBLE_VERBOSITY"] = before
+
+
+def with_ansible_output(watcher, stream=None):
+    """An event handler that prints ansible-playbook's own output (each event's stdout) to STREAM,
+    then hands the event to WATCHER (the progress lines; None: none)."""
+    stream = sys.stderr if stream is None else stream
+
+    def handle(event: dict) -> None:
+        text = event.get("stdout")
+        if text:
+            stream.write(text + "\n")
+            stream.flush()
+        if watcher is not None:
+            watcher(event)
+    return handle
 
 
 def gate_ratio(given: Optional[float], extravars: dict) -> Optional[float]:
@@ -278,8 +574,10 @@ def run(args, extravars: dict, stop: Stop) -> int:
         # a chart shows the whole ledger (its last 50 entries) unless -n says otherwise
         extravars["trainer_history_count"] = int(args.count or PLOT_HISTORY)
     watcher = None if args.quiet else progress.Progress(sys.stderr)
-    result = api.run_playbook_live(args.action, check=args.check, diff=args.diff, on_event=watcher, cancel=stop,
-                                   **kwargs)
+    if args.verbose:
+        watcher = with_ansible_output(watcher)
+    result = api.run_playbook_live(args.action, check=getattr(args, "check", False), diff=getattr(args, "diff", False),
+                                   on_event=watcher, cancel=stop, **kwargs)
 
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
@@ -293,7 +591,7 @@ def run(args, extravars: dict, stop: Stop) -> int:
             print(diffs)
         if args.action in ("deploy", "restart", "rollback") and result.hosts:
             progress.print_summary(result)
-    if args.plot and result.ok:
+    if getattr(args, "plot", None) and result.ok:
         return write_chart(result, args.plot, args.min_tokps_ratio)
     return 0 if result.ok else 1
 

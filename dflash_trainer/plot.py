@@ -4,9 +4,11 @@
 SVG inline and the table beside it) draws, per host, each ledger entry in deploy order: the tok/s
 median, its p10-p90 band, a marker by verdict (proved, rolled back, failed - a release that
 failed before any figure sits on the bottom edge), the running release ringed, each point labelled
-with its release id and source (git commit or content hash), and the throughput gate's threshold
+with its release id, source (git commit or content hash) and configuration id (its command and
+environment: an experiment with a knob is a point of its own), and the throughput gate's threshold
 when a ratio is set: the bar each release had to clear, `trainer_min_tokps_ratio` × the median of
-the previous good release (the rule of plugins/module_utils/_throughput.py: previous_good, gate).
+the entry before it that was proved, drawn where the gate judges - a change of release (the rule of
+plugins/module_utils/_throughput.py: previous_proved, gate).
 `sparkline` gives the same series as one line of text for the terminal.
 
 The data shaping (`points`, `previous_good`, `sparkline`, labels) is pure and unit-tested;
@@ -24,7 +26,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from dflash_trainer.results import _float  # one reading of a ledger number for the table and the chart
 
-__all__ = ["PlotUnavailable", "Point", "FORMATS", "chart_format", "points", "previous_good", "short_source",
+__all__ = ["PlotUnavailable", "Point", "FORMATS", "chart_format", "points", "previous_proved", "previous_good",
+           "short_source",
            "point_label", "sparkline", "sparkline_line", "require_matplotlib", "figure", "render"]
 
 FORMATS = {".png": "png", ".svg": "svg", ".html": "html"}
@@ -54,6 +57,7 @@ class Point:
     running: bool = False  # the newest entry of the release the unit runs
     current: bool = False  # the newest entry of the release `current` points at
     threshold: Optional[float] = None  # the gate's bar for this entry (None: no ratio, no previous good)
+    config: Optional[str] = None  # the configuration id (command and environment); None: not recorded
 
 
 def chart_format(path: str) -> str:
@@ -75,12 +79,20 @@ def _at(text) -> Optional[datetime.datetime]:
         return None
 
 
-def previous_good(before: Sequence[Point], release: str) -> Optional[Point]:
-    """The latest proved entry of another release with a median (what the gate compares with)."""
+def previous_proved(before: Sequence[Point]) -> Optional[Point]:
+    """The latest proved entry with a median, whichever release and configuration (what an entry is
+    compared with)."""
     for p in reversed(before):
-        if p.verdict == PROVED and p.release != release and p.median is not None:
+        if p.verdict == PROVED and p.median is not None:
             return p
     return None
+
+
+def previous_good(before: Sequence[Point], release: str) -> Optional[Point]:
+    """What the gate compares ``release`` with: the previous proved entry when it ran another release
+    (the gate judges changes of code; an experiment with the same release is compared, never gated)."""
+    prev = previous_proved(before)
+    return prev if prev is not None and prev.release != release else None
 
 
 def points(rows: Iterable[Mapping], min_ratio: Optional[float] = None) -> list[Point]:
@@ -90,6 +102,9 @@ def points(rows: Iterable[Mapping], min_ratio: Optional[float] = None) -> list[P
     newest = {}
     for i, r in enumerate(rows):
         newest[str(r.get("release"))] = i
+    # the running mark: the newest row that carries it (rows of the running release, of its configuration
+    # when the target knows it)
+    running_at = max([i for i, r in enumerate(rows) if "running" in (r.get("marks") or [])], default=None)
     out: list[Point] = []
     for i, r in enumerate(rows):
         release = str(r.get("release") or "?")
@@ -99,8 +114,9 @@ def points(rows: Iterable[Mapping], min_ratio: Optional[float] = None) -> list[P
                   median=_float(r.get("median")), p10=_float(r.get("p10")), p90=_float(r.get("p90")),
                   n=n if isinstance(n, int) and not isinstance(n, bool) else None,
                   source=r.get("source") or None, reason=r.get("reason") or None,
-                  running="running" in marks and newest.get(release) == i,
-                  current="current" in marks and newest.get(release) == i)
+                  running="running" in marks and running_at == i,
+                  current="current" in marks and newest.get(release) == i,
+                  config=r.get("config") if isinstance(r.get("config"), str) and r.get("config") else None)
         if min_ratio:
             prev = previous_good(out, release)
             if prev is not None:
@@ -122,9 +138,11 @@ def short_source(source: Optional[str]) -> str:
 
 
 def point_label(p: Point) -> str:
-    """Two lines beside a point: the release id (8 characters, as the table's first column starts)
-    and its source; a third, "no tok/s", for an entry without a median (drawn on the bottom edge)."""
-    return "%s\n%s%s" % (p.release[:8], short_source(p.source), "" if p.median is not None else "\nno tok/s")
+    """The lines beside a point: the release id (8 characters, as the table's first column starts)
+    and its source; then "config <id>" when the entry has one (an experiment with the same code is told
+    apart by it), and "no tok/s" for an entry without a median (drawn on the bottom edge)."""
+    return "%s\n%s%s%s" % (p.release[:8], short_source(p.source), "\nconfig %s" % p.config if p.config else "",
+                           "" if p.median is not None else "\nno tok/s")
 
 
 def sparkline(values: Sequence[Optional[float]]) -> str:
@@ -260,7 +278,7 @@ def _html(fig, by_host: Mapping[str, Sequence[Point]]) -> str:
     rows = []
     for host, pts in by_host.items():
         for p in reversed(pts):
-            cells = (host, p.release, p.at.strftime("%Y-%m-%dT%H:%M:%SZ") if p.at else "?", p.verdict,
+            cells = (host, p.release, p.config or "-", p.at.strftime("%Y-%m-%dT%H:%M:%SZ") if p.at else "?", p.verdict,
                      "-" if p.median is None else "%.1f" % p.median,
                      "-" if p.p10 is None or p.p90 is None else "%.1f–%.1f" % (p.p10, p.p90),
                      "-" if p.n is None else str(p.n), p.source or "-",
@@ -268,8 +286,8 @@ def _html(fig, by_host: Mapping[str, Sequence[Point]]) -> str:
                      ", ".join(m for m, on in (("running", p.running), ("current", p.current)) if on),
                      p.reason or "")
             rows.append("<tr>%s</tr>" % "".join("<td>%s</td>" % html.escape(c) for c in cells))
-    head = ("host", "release", "when", "verdict", "tok/s median", "p10–p90", "n", "source", "gate threshold",
-            "", "reason")
+    head = ("host", "release", "config", "when", "verdict", "tok/s median", "p10–p90", "n", "source",
+            "gate threshold", "", "reason")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>dflash-trainer history</title>"
             "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;font-size:90%%}"
             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style></head><body>\n"

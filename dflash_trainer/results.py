@@ -158,6 +158,9 @@ class TrainerStatus:
     last_job: Optional[dict] = None
     # whether it runs its proved release healthily: ok, words ("died 3 min after its proof: ..."), died
     health: Optional[dict] = None
+    # the configuration id of the installed command and environment (a keyed hash, as the ledger's rows
+    # carry it in `config`; each row's `vs` compares it with the entry before it that was proved); None: unknown
+    config: Optional[str] = None
 
     @classmethod
     def from_result(cls, res: Any) -> Optional["TrainerStatus"]:
@@ -174,7 +177,8 @@ class TrainerStatus:
                    seconds_since_start=_float(res.get("seconds_since_start")),
                    history=[dict(row) for row in res.get("history") or [] if isinstance(row, Mapping)],
                    last_job=dict(res["last_job"]) if isinstance(res.get("last_job"), Mapping) else None,
-                   health=dict(res["health"]) if isinstance(res.get("health"), Mapping) else None)
+                   health=dict(res["health"]) if isinstance(res.get("health"), Mapping) else None,
+                   config=_str(res.get("config")))
 
 
 @dataclass(frozen=True)
@@ -261,8 +265,9 @@ class HostResult:
     rolled_back: bool = False
     status: Optional[TrainerStatus] = None
     log_tail: list[str] = field(default_factory=list)
-    # measured throughput of the restarted release and its comparison with the previous good one
-    # (words, median, previous_release, previous_median, change_pct, best_median)
+    # measured throughput of the restarted release and its comparison with the entry before it that was
+    # proved (words, median, release, config, previous_release, previous_config, previous_at,
+    # previous_median, change_pct, best_median)
     figures: Optional[dict] = None
     comparison: Optional[dict] = None
     log: Optional[TrainerLog] = None

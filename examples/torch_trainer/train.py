@@ -6,9 +6,9 @@ its weights, so the collection's proof sees what it sees on a real host: GPU mem
 then ``step=N loss=X tok/s=Y`` lines. Importing this file only imports torch: the pre-flight
 (``python3 -c "import train"``) runs no step and touches no GPU.
 
-Environment (all optional): ``DFLASH_TORCH_GPUS`` (``0,1``), ``DFLASH_TORCH_MIB`` per GPU (2048),
-``DFLASH_TORCH_THREADS`` for torch's own work (1), ``DFLASH_TORCH_STEP_SLEEP_S`` between steps (0.2:
-the lab's two cores are shared), ``DFLASH_TORCH_LOG_EVERY_S`` (1), ``DFLASH_TORCH_WARM_POOL`` (1: start inductor's compile
+Environment (all optional): ``TORCH_TRAINER_GPUS`` (``0,1``), ``TORCH_TRAINER_MIB`` per GPU (2048),
+``TORCH_TRAINER_THREADS`` for torch's own work (1), ``TORCH_TRAINER_STEP_SLEEP_S`` between steps (0.2:
+the lab's two cores are shared), ``TORCH_TRAINER_LOG_EVERY_S`` (1), ``TORCH_TRAINER_WARM_POOL`` (1: start inductor's compile
 worker processes, see ``warm_compile_workers``); torch reads
 ``TORCHINDUCTOR_CACHE_DIR`` and ``TORCHINDUCTOR_COMPILE_THREADS`` itself.
 """
@@ -90,11 +90,11 @@ def warm_compile_workers():
 
 def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    gpus = gpus_from(os.environ.get("DFLASH_TORCH_GPUS", "0,1"))
-    mib = int(os.environ.get("DFLASH_TORCH_MIB", "2048"))
-    pause = float(os.environ.get("DFLASH_TORCH_STEP_SLEEP_S", "0.2"))
-    log_every = float(os.environ.get("DFLASH_TORCH_LOG_EVERY_S", "1"))
-    torch.set_num_threads(int(os.environ.get("DFLASH_TORCH_THREADS", "1")))
+    gpus = gpus_from(os.environ.get("TORCH_TRAINER_GPUS", "0,1"))
+    mib = int(os.environ.get("TORCH_TRAINER_MIB", "2048"))
+    pause = float(os.environ.get("TORCH_TRAINER_STEP_SLEEP_S", "0.2"))
+    log_every = float(os.environ.get("TORCH_TRAINER_LOG_EVERY_S", "1"))
+    torch.set_num_threads(int(os.environ.get("TORCH_TRAINER_THREADS", "1")))
     torch.manual_seed(0)
     say("torch trainer starting: release=%s pid=%d torch=%s gpus=%s inductor cache=%s"
         % (os.environ.get("DFLASH_RELEASE", "-"), os.getpid(), torch.__version__,
@@ -103,7 +103,7 @@ def main():
     model = TinyLM()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     compiled = torch.compile(model)  # inductor; on the CPU its C++ backend
-    if os.environ.get("DFLASH_TORCH_WARM_POOL", "1") == "1":
+    if os.environ.get("TORCH_TRAINER_WARM_POOL", "1") == "1":
         warm_compile_workers()
 
     def train_step():

@@ -12,13 +12,19 @@ class ModuleDocFragment(object):
     DOCUMENTATION = r"""
 options:
   ready_regex:
-    description: Python regular expression a line of this start's log must match (by default a throughput line).
+    description:
+      - Python regular expression a line of this start's log must match.
+      - The default matches a throughput line and, while no line of this start matched it, also takes a line
+        of the training counter (trainers that print no tok/s); a loading or evaluation bar never counts.
+        A regex of your own is kept strictly.
     type: str
     default: 'tok(?:en)?s?/s(?:ec)?\b|tokens? per sec'
   step_regex:
     description:
       - Python regular expression whose first group that takes part in the match is the step counter.
       - The default reads step, global_step, iter, iteration, it=, batch, [N/M] and tqdm's N/M [.
+      - Terminal colour codes are taken out first; the training counter is followed, never a loading or
+        evaluation bar (counters are told apart by their words and total).
     type: str
     default: >-
       (?x)(?=[gGsSiIbB\[\d])(?:
@@ -30,11 +36,14 @@ options:
   tokps_regex:
     description:
       - Python regular expression whose first group that takes part in the match is the throughput in tokens per second.
-      - The figure is read as people write it (12.4K, 12,400, 1.2e4) and kept in tok/s.
+      - The figure is read as people write it (12.4K, 12,400, 1.2e4) and kept in tok/s; the default also reads
+        TorchTitan's tps.
     type: str
     default: >-
       (?x)(?=[t\d])(?:
       (?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?:\s*[=:])?\s*
+      ((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
+      |(?<![A-Za-z_])tps(?:[ \t]*[=:])?[ \t]*
       ((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
       |(?<![\w.,])((?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[kKMG](?![A-Za-z]))?)(?!\w|\.\d)
       \s*(?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)(?![\w/])(?!(?:\s*[=:])?\s*\d))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._log_file import LogFileReader
@@ -25,7 +26,13 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
 )
 # imported here, never inside a function: the detached restart job runs after Ansible removed the
 # module's payload, so a late import fails
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import cache_problem, observe
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import cache_problem
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import observe as observe_cache
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import (
+    ProgressAnalysis,
+    ProgressFileReader,
+    ProgressView,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     FAILED,
     fmt_s,
@@ -34,6 +41,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     Expectations,
     Judge,
     Snapshot,
+    setting,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
@@ -154,33 +162,58 @@ def _ticker(tick):
 # purge
 
 def purge(path, observe_dir=None):
-    """Delete the torchinductor cache directory (only ever called while the unit is stopped).
+    """Delete the torchinductor cache directory (only ever called while the unit is stopped) and
+    make it again, empty, root's and mode 0700 (inductor loads the .so files it finds there: no
+    other user may plant one before the trainer starts).
 
-    Judged again here, at the moment of deleting: it must be absent or look like a torchinductor
-    cache (``_ownership.cache_problem``), else the purge is refused with StepFailed (the job then
-    brings the trainer back) and nothing is deleted. A symlink is removed, never followed; a cache
-    that is a mount point is emptied, not removed (removing it fails with EBUSY)."""
+    Judged again here, at the moment of deleting, entry by entry at every depth
+    (``_inductor_cache``): it must be absent or hold only what inductor writes, else the purge is
+    refused with StepFailed naming what is there (the job then brings the trainer back) and
+    nothing is deleted. A symlink is removed, never followed; a cache that is a mount point is
+    emptied, not removed (removing it fails with EBUSY)."""
     if not path:
         return False
     if os.path.islink(path):
         os.unlink(path)
+        _make_cache_dir(path)
         return True
-    facts = (observe_dir or observe)(path, "cache")
+    facts = (observe_dir or observe_cache)(path)
     why = cache_problem(facts)
     if why:
         raise StepFailed("refused to purge %s: it %s; nothing was deleted" % (path, why))
-    if not os.path.isdir(path):
+    if not facts.get("exists"):
+        _make_cache_dir(path)
         return False
-    if os.path.ismount(path):
+    if facts.get("mount"):
         for name in os.listdir(path):
             child = os.path.join(path, name)
             if os.path.isdir(child) and not os.path.islink(child):
                 shutil.rmtree(child)
             else:
                 os.unlink(child)
+        os.chown(path, os.geteuid(), os.getegid(), follow_symlinks=False)
+        os.chmod(path, 0o700)
         return True
     shutil.rmtree(path)
+    _make_cache_dir(path)
     return True
+
+
+def _make_cache_dir(path):
+    """The cache directory, new and empty, owned by us, mode 0700; refused when something else
+    took its place in the meantime (another user's directory in /tmp)."""
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, 0o755, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not os.listdir(path)):
+            raise StepFailed("refused to start with the torchinductor cache %s: after the purge something else took "
+                             "its place (%s owned by uid %d); remove it" % (
+                                 path, "a directory" if stat.S_ISDIR(st.st_mode) else "a file or link", st.st_uid))
+    os.chmod(path, 0o700)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,18 +308,32 @@ def ours(gpus_mib, baseline):
 
 
 def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_s=1.0,
-          clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None, baseline=None):
+          clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None, baseline=None,
+          progress_path=None, progress_from=None):
     """Poll the unit, the GPUs and this start's log until the Judge says READY (-> the proof's
     details, with ``figures``: tok/s median, p10, p90 and n over the last ``measure_s`` seconds
     (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
     the log tail). A ``measure_s`` longer than the hold keeps watching after READY; the trainer
     failing then fails the proof. ``baseline``: {index: MiB} held before the start, never counted
-    as the trainer's (see ``ours``)."""
+    as the trainer's (see ``ours``). ``progress_path``: the trainer's own progress file, read from
+    ``progress_from`` (``_progress_file.progress_start``, taken right before the start): progress
+    comes from it, the marker, the exit reason and the tail from ``log_path``, errors from both
+    (``_progress_file.ProgressView``)."""
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
                         error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes)
     marks = []  # (elapsed, counts) per poll: the measurement window's start
     reader = LogFileReader(log_path, follower)
+    progress = None
+    if progress_path:
+        progress = ProgressFileReader(progress_path, ProgressAnalysis(
+            ready_regex=regexes["ready_regex"], step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
+            error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes), progress_from)
+        view = ProgressView(follower, progress.analysis)
+
+    def analysis():
+        """What the Judge reads as this start's log."""
+        return view if progress is not None else follower.analysis
     # the Judge counts from the wait's start (elapsed seconds, start 0): its deadline is the waiter's
     judge = Judge(expect, start=0.0)
     show_cmd = show_argv(unit, systemctl=systemctl)
@@ -308,20 +355,28 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
             reader.poll()
         except (IOError, OSError) as exc:
             raise StepFailed("Unable to read log %s: %s" % (log_path, exc))
+        if progress is not None:
+            try:
+                progress.poll()
+            except (IOError, OSError) as exc:
+                raise StepFailed("Unable to read the progress file %s: %s" % (progress_path, exc))
         if not is_running(props):
             follower.finish()  # the process is gone: a last line without newline is final
+            if progress is not None:
+                progress.finish()
         # a log that lost this start's marker (truncated or replaced by something else, and no
         # continuation marker from the launcher) cannot prove it
-        return props, gpus, reader.problem(clock(), LOG_LOST_GRACE_S)
+        # nor can a progress file that is not the trainer's own (_progress_file.trust_problem)
+        return props, gpus, reader.problem(clock(), LOG_LOST_GRACE_S) or (progress and progress.problem)
 
     def snapshot(props, gpus, elapsed):
         return Snapshot(now=elapsed, unit=props, gpus_mib=ours(memory_by_index(gpus), baseline),
-                        log=follower.analysis)
+                        log=analysis())
 
     def judge_proof(observed, elapsed):
         props, gpus, lost = observed
         verdict = judge.observe(snapshot(props, gpus, elapsed))
-        marks.append((elapsed, _counts(follower.analysis)))
+        marks.append((elapsed, _counts(analysis())))
         if verdict.state == READY:
             if found["until"] is None:
                 proof = dict(verdict.details, msg=verdict.reason)
@@ -329,10 +384,12 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
                     proof["baseline_mib"] = {i: m for i, m in baseline.items() if m}
                     proof["baseline_words"] = ", ".join(
                         "GPU %s %s MiB" % (i, m) for i, m in sorted(proof["baseline_mib"].items()))
+                if progress is not None:
+                    proof["progress_file"] = progress.describe()
                 found.update(proof=proof, until=elapsed + extra_s)
             if elapsed >= found["until"]:
                 window = float(measure_s or expect.hold_s)
-                return done(dict(found["proof"], figures=measured(follower.analysis, marks, elapsed, window)))
+                return done(dict(found["proof"], figures=measured(analysis(), marks, elapsed, window)))
         if verdict.state == FAILED:
             return failed(verdict.reason, verdict)
         if lost:
@@ -345,21 +402,25 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
 
     out = poll_until(observe, judge_proof, expect.timeout_s, interval_s, clock=clock, sleep=sleep,
                      on_wait=_ticker(tick))
+    if progress is not None:
+        progress.close()  # a later poll (the exit's grace below) opens it again where it ended
     if out.state == WAIT_DONE:
         return out.value
     verdict = out.value
     if verdict is None:  # the log lost this start (the Judge decides at its deadline: never a timeout)
-        reason = out.words if out.state != WAIT_TIMEOUT else "not ready after %s s: %s" % (
-            fmt_s(expect.timeout_s), out.words)
+        reason = out.words if out.state != WAIT_TIMEOUT else "not ready after %s s (%s): %s" % (
+            fmt_s(expect.timeout_s), setting("timeout_s", expect.timeout_s), out.words)
         raise StepFailed(failure_msg(reason, [], expect.tail_lines), ready=False, reason=reason, log_tail=[])
     props, gpus, _lost = out.snapshot
-    if is_running(props) and follower.analysis.errors:
+    if is_running(props) and analysis().errors:
         # give the process a moment to exit so the verdict carries its exit status
         exited = poll_until(lambda: _show_soft(run, show_cmd), _exited, ERROR_EXIT_GRACE_S, 0.1,
                             clock=clock, sleep=sleep, first={})
         if exited.state == WAIT_DONE:
             reader.poll()
             follower.finish()
+            if progress is not None:
+                progress.poll().finish()
             verdict = judge.observe(snapshot(exited.value, gpus, out.elapsed + exited.elapsed))
     details = dict(verdict.details)
     tail = details.get("log_tail") or []
@@ -367,7 +428,11 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     reason = verdict.reason
     if found["until"] is not None:
         reason = "after it was proved ready, during the throughput measurement: " + reason
-    raise StepFailed(failure_msg(reason, tail, expect.tail_lines), ready=False, reason=reason, **details)
+    msg = failure_msg(reason, tail, expect.tail_lines)
+    if progress is not None:
+        msg += progress.words(expect.tail_lines)
+        details["progress_tail"] = list(progress.analysis.lines)[-expect.tail_lines:]
+    raise StepFailed(msg, ready=False, reason=reason, **details)
 
 
 def _show_soft(run, show_cmd):

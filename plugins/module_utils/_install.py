@@ -14,12 +14,16 @@ says what the install would change): ``INSTALL_OPTIONS`` is their shared argumen
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import stat
 import tempfile
 
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK, judge, observe
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
 from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import parse_env_file, secret_values
 
 # the options of trainer_install; the `install` option of trainer_restart and trainer_status takes
 # them as suboptions (INSTALL_SUBOPTIONS) but the secret, a top-level option of theirs (env_content,
@@ -193,3 +197,142 @@ def masked_env(text):
         else:
             out.append("********")
     return "\n".join(out) + ("\n" if out else "")
+
+
+# -- the proved configuration ----------------------------------------------------------------------
+# The unit, the environment file and the launcher are part of what a proof proved: a rollback that put
+# the last good release back under a new environment file (or a new unit) would run an unproved
+# configuration, and a same-release restart that failed would have nothing to go back to. So when a
+# release is marked good the job keeps a copy of the three files beside last_good (root-only, one
+# JSON file written atomically, mode 0600: the environment's values are secrets, never printed), and
+# a rollback puts them back with the release.
+PROVED_CONFIG = "last_good.config"
+CONFIG_VERSION = 1
+CONFIG_NAMES = ("launcher", "env", "unit")
+# what each file is, in the words of an outcome
+CONFIG_WORDS = dict(launcher="launcher", env="environment file", unit="unit file")
+
+
+def config_files(p, unit_path=None, launcher_path=None, env_path=None):
+    """[(name, path)] of the trainer's configuration: the install's paths when the job installed
+    them (``p["install"]``), else the ones given."""
+    inst = (p or {}).get("install") or {}
+    files = (("launcher", inst.get("launcher_path") or launcher_path), ("env", inst.get("env_path") or env_path),
+             ("unit", inst.get("unit_path") or unit_path))
+    return [(name, path) for name, path in files if path]
+
+
+def _b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text):
+    return base64.b64decode(text.encode("ascii"))
+
+
+def config_record(release, files, read=current):
+    """The record of the configuration at ``files`` ([(name, path)]) proved with ``release``
+    (a dict, JSON-ready; file contents base64) - None when a file cannot be read."""
+    out = dict(version=CONFIG_VERSION, release=release, files={})
+    for name, path in files:
+        data, mode = read(path)
+        if data is None:
+            return None
+        out["files"][name] = dict(path=path, mode=mode, content=_b64(data))
+    return out
+
+
+def config_changes(record, read=current):
+    """The names of the files of ``record`` whose content or mode on disk differ from it ([] when
+    the configuration in place is the proved one)."""
+    changed = []
+    for name in CONFIG_NAMES:
+        f = (record or {}).get("files", {}).get(name)
+        if not f:
+            continue
+        data, mode = read(f["path"])
+        if data != _unb64(f["content"]) or mode != f["mode"]:
+            changed.append(name)
+    return changed
+
+
+class ProvedConfig(object):
+    """The copy of the configuration proved with the last good release (``<root>/last_good.config``)
+    and the only code that writes or restores it. ``files``: [(name, path)] (``config_files``);
+    ``run(argv)`` -> (rc, out, err) for ``systemctl daemon-reload`` after a restored unit."""
+
+    def __init__(self, root, files, run=None, systemctl="systemctl"):
+        self.path = os.path.join(root, PROVED_CONFIG)
+        self.files, self.run, self.systemctl = list(files), run, systemctl
+
+    def read(self):
+        """The record, or None (absent, unreadable, a symlink: never followed, another version)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as fh:
+                data = json.load(fh)
+        except (IOError, OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("version") != CONFIG_VERSION:
+            return None
+        if not isinstance(data.get("files"), dict):
+            return None
+        return data
+
+    def kept_for(self, release):
+        """Whether a copy proved with ``release`` is kept."""
+        record = self.read()
+        return bool(record and release and record.get("release") == release)
+
+    def keep(self, release):
+        """Copy the configuration in place as the one proved with ``release`` (after its proof)."""
+        record = config_record(release, self.files)
+        if record is None:
+            raise OSError("a file of the configuration cannot be read (%s)" % ", ".join(p for _n, p in self.files))
+        replace_private(self.path, json.dumps(record, sort_keys=True), sync=True)
+
+    def changes(self, release):
+        """The files in place that differ from the copy proved with ``release`` ([] when none, or when
+        no copy was kept for it)."""
+        return config_changes(self.read()) if self.kept_for(release) else []
+
+    def secrets(self):
+        """The secret values of the kept environment file (masked like the one in place)."""
+        f = ((self.read() or {}).get("files") or {}).get("env")
+        if not f:
+            return []
+        try:
+            return secret_values(parse_env_file(_unb64(f["content"]).decode("utf-8", "replace")))
+        except (TypeError, ValueError):
+            return []
+
+    def restore(self, release):
+        """Put back the files of the copy proved with ``release`` that differ (each judged ours first,
+        written atomically) and reload systemd when the unit was one -> the names restored. Raises
+        InstallError (no copy for ``release``, a file not ours, a failed write or reload)."""
+        record = self.read()
+        if not record or record.get("release") != release:
+            raise InstallError("no configuration proved with release %s is kept in %s" % (release, self.path), {})
+        names = config_changes(record)
+        targets = [(n, record["files"][n]) for n in names]
+        refused = [why for why in (judge(VARIABLES[n], n, observe(f["path"], n)) for n, f in targets) if why]
+        if refused:
+            raise InstallError("refused to restore the proved configuration: %s" % "; ".join(refused), {})
+        for name, f in targets:
+            try:
+                install_file(f["path"], _unb64(f["content"]), f["mode"], 0o700 if name == "env" else 0o755)
+            except (IOError, OSError) as exc:
+                raise InstallError("Unable to restore %s: %s" % (f["path"], exc), dict(restored=names)) from None
+        if "unit" in names and self.run is not None:
+            try:
+                rc, out, err = self.run([self.systemctl, "daemon-reload"])
+            except CommandTimeout as exc:
+                raise InstallError(str(exc), dict(restored=names)) from None
+            if rc != 0:
+                raise InstallError("systemctl daemon-reload failed: %s" % (err or out).strip(), dict(restored=names))
+        return names
+
+
+def config_words(names):
+    """The restored files, in words ("" for none)."""
+    return " and ".join(CONFIG_WORDS[n] for n in names if n in CONFIG_WORDS)

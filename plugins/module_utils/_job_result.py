@@ -76,8 +76,9 @@ FIELDS = (
            "The throughput measured after the proof (C(tok_s): median, p10, p90, n, window_s) and the named figures.",
            "when the release was proved (a throughput gate's refusal included)"),
     _field("comparison", "dict",
-           "The measured throughput against the previous good release and the best (words, median, "
-           "previous_release, previous_median, change_pct, best_median).",
+           "The measured throughput against the entry before it that was proved, whichever release and "
+           "configuration it ran, and the best (words, median, release, config, previous_release, previous_config, "
+           "previous_at, previous_median, change_pct, best_median).",
            "when the release was proved (a throughput gate's refusal included)"),
     _field("warnings", "list",
            "What went wrong without changing the verdict (a drain gate or a purge that failed while a release was "

@@ -14,6 +14,10 @@ one's ``/proc/<pid>/cgroup`` names its container and the unit inside it:
 * cgroup v1 lines (``12:pids:/lxc/200/ns/...``) carry the same path; a process of the node
   itself: ``0::/system.slice/foo.service`` or ``/user.slice/.../session-3.scope``.
 
+Only a system unit at its exact place counts as a unit (``owner``): a user of the container may run
+a user unit of the trainer's name (``.../user.slice/user-1000.slice/user@1000.service/app.slice/
+dflash-trainer.service``), which must never pass for the trainer.
+
 Nothing another tenant controls is read as structure: the node's nvidia-smi is asked for numbers
 and UUIDs only (_nvidia_smi.read_node_gpus), a holder's container comes from the first component
 of its cgroup path (the kernel refuses a newline in a cgroup name, so a tenant's own sub-cgroups
@@ -31,6 +35,13 @@ import re
 
 # LXC appends "-<n>" when a container's cgroup from an earlier start is still there (lxc.payload.200-2)
 _LXC_RE = re.compile(r"^/lxc(?:\.payload)?[./](?P<vmid>\d+)(?:-\d+)?(?:/ns)?(?P<inner>/.*)?$")
+# the container's own systemd, as its cgroup root: plain LXC's lxc.payload.<id> (-<n>), Proxmox's
+# lxc/<vmid>/ns (lxc.cgroup.dir.container + .inner); only there does its system.slice begin
+_CT_ROOT_RE = re.compile(r"^/(?:lxc\.payload\.(?P<payload>\d+)(?:-\d+)?|lxc/(?P<pve>\d+)/ns)(?P<inner>/.*)$")
+# a system unit: system.slice, the slices systemd nests it in (system-getty.slice for getty@tty1),
+# the unit - and nothing below it. A user's own units live in user.slice/user-<uid>.slice/
+# user@<uid>.service/app.slice/..., where a user may name a unit like ours: never a system unit.
+_SYSTEM_UNIT_RE = re.compile(r"^/system\.slice(?:/[A-Za-z0-9:_.@\\-]{1,250}\.slice)*/(?P<unit>[^/]+)$")
 # systemd's unit-name alphabet (systemd.unit(5)): a tenant's hand-made sub-cgroup named
 # "x; 1 MiB held by dflash-trainer in CT 200.service" is no unit
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,250}\.(?:service|scope)$")
@@ -51,21 +62,33 @@ def cgroup_path(text):
     return first
 
 
+def system_unit(path):
+    """The system unit whose cgroup is exactly ``path`` (relative to a systemd's cgroup root:
+    ``/system.slice/dflash-trainer.service``), else None - a user's unit, a session scope, a
+    sub-cgroup below a unit, a name outside systemd's alphabet."""
+    m = _SYSTEM_UNIT_RE.match(path or "")
+    return m.group("unit") if m and _UNIT_RE.match(m.group("unit")) else None
+
+
 def owner(cgroup_text):
-    """(vmid or None for the node itself, unit or None) of a process, from its cgroup file."""
+    """(vmid or None for the node itself, system unit or None) of a process, from its cgroup file.
+
+    The container is the first component of the path (``lxc.payload.<id>``, ``lxc/<vmid>``); the
+    unit only the container's own system unit at its exact place (``.../lxc.payload.<id>/
+    system.slice/<unit>.service``, Proxmox's ``/lxc/<vmid>/ns/system.slice/<unit>.service``), or
+    the node's (``/system.slice/<unit>.service``): a unit of the same name that a user of the
+    container runs (``user@1000.service/app.slice/dflash-trainer.service``) is no unit here."""
     path = cgroup_path(cgroup_text)
     if path is None:
         return None, None
-    vmid = None
     m = _LXC_RE.match(path)
-    if m:
-        vmid = int(m.group("vmid"))
-        path = m.group("inner") or "/"
-    unit = None
-    for part in path.split("/"):
-        if _UNIT_RE.match(part):
-            unit = part  # the innermost unit: a service's own scope or sub-unit wins
-    return vmid, unit
+    if not m:
+        return None, system_unit(path)
+    vmid = int(m.group("vmid"))
+    root = _CT_ROOT_RE.match(path)
+    if root is None or int(root.group("payload") or root.group("pve")) != vmid:
+        return vmid, None
+    return vmid, system_unit(root.group("inner"))
 
 
 def printable(text, limit=64):

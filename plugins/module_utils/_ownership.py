@@ -19,12 +19,30 @@ there:
 * the resolved path must still pass the text rules (``placement_problem``): no system
   configuration directory, no world-writable directory for files opened as root, no dot-directory
   of a home; and no two variables (nor the unit file) may resolve to the same file;
+* every directory from ``/`` down to the file (what exists of the resolved path) is owned by root
+  and writable by root alone, as sshd's StrictModes wants of ``~/.ssh`` (``chain_problem``): a
+  directory another user owns or may write lets that user swap the file - the environment file
+  (``LD_PRELOAD=``), the launcher - before root reads or runs it. A sticky world-writable
+  directory (``/data/shared``, mode 1777) is accepted only for the files root creates anew with
+  ``O_EXCL`` and renames into place (``EXCL_KINDS``: the restart job's state); an existing
+  file is adopted only when root owns it and nobody else may write it;
+* the environment file and the launcher must not lie on a tmpfs (``/run``: lost at reboot, and
+  the enabled unit then fails to start) - read from ``/proc/self/mountinfo`` (``mount_of``);
+* the release root must be absent, empty, or carry the collection's own marker file
+  (``ROOT_MARK_NAME``, written when a run of this collection first locks the root); a root of an
+  older version without it is adopted when everything in it is ours (every ``releases/`` entry a
+  release with its ``.dflash-release`` marker, ``ledger.json`` our ledger, ``current`` a symlink
+  into ``releases/``); ``releases/``, ``ledger.json``, ``current`` and ``last_good`` are root's;
+* a program run as root (``trainer_nvidia_smi``, the pre-flight's and the trainer command's first
+  word, the node's python and nvidia-smi) resolves, as the target's PATH lookup does, to a file
+  root owns and only root may write, in directories only root may write (sudo's secure_path);
 * the cache directory must be absent or look like a torchinductor cache (``cache_problem``: its
   real layout - two-character hash directories, ``locks``, ``precompiled_headers``, ``fxgraph``,
   ...); otherwise the purge is refused, naming what it holds.
 
-``observe`` is the only function here that touches the file system (lstat, realpath, the first
-bytes of a file, a directory's names); ``judge`` and the rest are pure and unit-tested.
+``observe`` and ``observe_program`` are the only functions here that touch the file system
+(lstat, realpath, the first bytes of a file, a directory's names, /proc/self/mountinfo); ``judge``
+and the rest are pure and unit-tested.
 """
 
 from __future__ import annotations
@@ -33,6 +51,12 @@ import json
 import os
 import re
 import stat
+
+# the purge's judgement (every entry, at every depth): _inductor_cache; judge() below uses it
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import cache_problem
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import observe as observe_cache
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight import SYSTEMD_PATH
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import MARKER_NAME
 
 # -- marks ----------------------------------------------------------------------------------------
 UNIT_MARK = "managed by dflash.trainer"
@@ -51,26 +75,47 @@ _JSON_KINDS = ("state", "log_start")
 
 # -- kinds ------------------------------------------------------------------------------------------
 FILE_KINDS = ("launcher", "env", "unit", "log", "log_rotation", "log_start", "lock", "lock_guard", "state", "metrics")
-KINDS = FILE_KINDS + ("cache", "root")
+# a program root runs: its ``path`` is a name (looked up on a PATH) or an absolute path
+PROGRAM = "program"
+KINDS = FILE_KINDS + ("cache", "root", PROGRAM)
 _WHAT = {
     "launcher": "the launcher", "env": "the environment file", "unit": "the unit file", "log": "the trainer's log",
     "log_rotation": "a rotation of the trainer's log", "log_start": "the log's start-marker record",
     "lock": "the deploy lock", "lock_guard": "the deploy lock's guard file", "state": "the restart job's state file",
     "cache": "the torchinductor cache", "root": "the release root",
-    "metrics": "the trainer's metrics file",
+    "metrics": "the trainer's metrics file", PROGRAM: "a program",
 }
 # the metrics file's first line (the launcher writes it, roles/trainer/files/dflash-trainer-launch)
 METRICS_MARK = "# dflash.trainer metrics"
-# files opened by root that another user must not be able to swap for a symlink
-STATE_KINDS = ("lock", "lock_guard", "state")
+# the files root only ever creates anew (O_EXCL, then a rename into place: _private_file) and checks
+# before it reads them: the only ones a sticky world-writable directory may hold (another user can
+# plant nothing root would then open). Not the metrics file: the launcher reads an existing one for
+# its mark first, and a FIFO planted there would hang that read.
+EXCL_KINDS = ("state",)
+# files lost at reboot on a tmpfs, which the enabled unit needs at boot
+PERSISTENT_KINDS = ("env", "launcher")
+VOLATILE_FS = frozenset(("tmpfs", "ramfs"))
+# the release root's own marker file (written by _release_root.mark_root under the root's lock)
+ROOT_MARK_NAME = ".dflash-trainer-root"
+ROOT_MARK = "# dflash.trainer: a release root of the collection (releases/, current, last_good, ledger.json)"
+# a release's marker
+RELEASE_MARK_NAME = MARKER_NAME
+# what a release root of this collection holds (_release_root, _release_states, _throughput's
+# ledger): the names an older root without the marker may hold and still be adopted
+_ROOT_NAMES = frozenset(("releases", "current", "last_good", "ledger.json", "ledger.json.lock", ".lock",
+                         "config.key", ROOT_MARK_NAME, "lost+found"))
+_ROOT_TMP_PREFIXES = ("current.tmp-", "last_good.tmp-", "ledger.json.tmp-", "config.key.tmp-", ".upload-",
+                      ROOT_MARK_NAME + ".tmp-")
+# the members of a root judged as files root writes there
+_ROOT_MEMBERS = ("releases", "ledger.json", "current", "last_good", "config.key", ROOT_MARK_NAME)
+_LEDGER_HEAD_RE = re.compile(r'^\{\s*"entries"\s*:\s*\[')
+# the directories ansible's get_bin_path adds to PATH (a module's own lookup of nvidia-smi)
+SBIN_DIRS = ("/sbin", "/usr/sbin", "/usr/local/sbin")
+# a program's name and the PATH it is looked up on, in one ``path`` of managed's list
+_SEARCH_SEP = " on PATH="
+# root's uid (a knob for the unit tests of a non-root developer only)
+_ROOT_UID = 0
 
-# -- the torchinductor cache's real layout (torch/_inductor: cache_dir() and its callers) -----------
-CACHE_DIRS = frozenset(("locks", "precompiled_headers", "fxgraph", "aotautograd", "triton", "cache", "gcc",
-                        "torch_cutlass", "unhashed_kernel_inputs", "aoti_eager", "autoheuristic", "kernel",
-                        "subgraphs", "cudagraphs"))
-CACHE_FILES = frozenset(("memoizer_cache.json", "memoizer_cache.lock"))
-_HASH_DIR_RE = re.compile(r"^[a-z0-9_]{2}$")
-_CACHE_FILE_RE = re.compile(r"^(tmp[A-Za-z0-9_]+(\.[a-z]+)?|[a-z0-9_]+\.(o|lock|so|py|json))$")
 
 # -- where files of ours may live (the path after resolution) ---------------------------------------
 # (prefix, allowed sub-prefixes, why)
@@ -116,7 +161,7 @@ def placement_problem(kind, path):
         if _HOME_DOT_RE.match(path + "/") and not _HOME_CACHE_RE.match(path + "/") and not path.endswith("/.cache"):
             return "lies in a dot-directory of a home (only ~/.cache/... may hold a cache)"
         return None
-    if kind == "root":
+    if kind in ("root", PROGRAM):
         return None
     if kind == "metrics" and any(within(path, a) for a in METRICS_PLACES):
         return None
@@ -146,8 +191,134 @@ def _kind_of(mode):
     return "other"
 
 
+def _lstat_facts(path):
+    """(type, uid, mode) of what is at ``path`` itself (a symlink is not followed), or None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return _kind_of(st.st_mode), st.st_uid, stat.S_IMODE(st.st_mode)
+
+
+def _ancestors(real):
+    """[(directory, uid, mode)] from ``/`` down to the deepest existing directory above ``real``
+    (a resolved absolute path): who could replace, rename or plant what lies below."""
+    out = []
+    parts = [p for p in os.path.dirname(real).split("/") if p]
+    current = "/"
+    for i in range(len(parts) + 1):
+        if i:
+            current = "/" + "/".join(parts[:i])
+        try:
+            st = os.lstat(current)
+        except OSError:
+            break
+        out.append((current, st.st_uid, stat.S_IMODE(st.st_mode)))
+        if not stat.S_ISDIR(st.st_mode):
+            break
+    return out
+
+
+def _deepest_existing(real):
+    path = real
+    while path != "/" and not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _unescape_mount(text):
+    """A mountinfo field: spaces, tabs, newlines and backslashes come as octal escapes (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def mount_of(path, mountinfo):
+    """(mount point, file system type) of the mount holding ``path`` (an absolute, resolved path)
+    according to ``mountinfo`` (the text of /proc/self/mountinfo); None when no line parses. The
+    longest mount point above ``path`` wins; of two at the same point, the later (on top)."""
+    best = None
+    for line in (mountinfo or "").splitlines():
+        fields = line.split(" ")
+        if len(fields) < 10 or "-" not in fields[6:]:
+            continue
+        point = _unescape_mount(fields[4])
+        fstype = fields[fields.index("-", 6) + 1]
+        if within(path, point) and (best is None or len(point) >= len(best[0])):
+            best = (point, fstype)
+    return best
+
+
+def _read_mountinfo():
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _head(path, want):
+    """The first ``want`` bytes of the regular file at ``path`` (never through a symlink), as text."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        chunks = []
+        while want > 0:
+            chunk = os.read(fd, min(want, 1024 * 1024))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            want -= len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def _observe_root(real, facts, max_names):
+    """What a release root holds that judges it: its members, each ``releases/`` entry (a release
+    with its marker?) and the head of the ledger."""
+    members = {}
+    for name in _ROOT_MEMBERS:
+        got = _lstat_facts(os.path.join(real, name))
+        if got is not None:
+            members[name] = got
+    facts["members"] = members
+    rdir = os.path.join(real, "releases")
+    if members.get("releases", ("",))[0] == "dir":
+        try:
+            names = sorted(os.listdir(rdir))
+        except OSError:
+            names = []
+        facts["releases_count"] = len(names)
+        releases = []
+        for name in names[:max_names]:
+            entry = os.path.join(rdir, name)
+            kind = _lstat_facts(entry)
+            marked = kind is not None and kind[0] == "dir" and _lstat_facts(
+                os.path.join(entry, RELEASE_MARK_NAME)) is not None
+            releases.append((name, kind[0] if kind else "other", marked))
+        facts["releases"] = releases
+    if members.get("ledger.json", ("",))[0] == "file":
+        try:
+            facts["ledger_head"] = _head(os.path.join(real, "ledger.json"), 64)
+        except OSError:
+            facts["ledger_head"] = ""
+
+
+def program_item(name, search=None):
+    """The ``path`` of a program in ``managed``'s list: its name or absolute path, with the PATH it
+    is looked up on when that is not the module's own (``program_lookup`` reads it back)."""
+    return name if search is None or "/" in name else "%s%s%s" % (name, _SEARCH_SEP, search)
+
+
+def program_lookup(item):
+    """``program_item``'s text -> (name, search PATH or None)."""
+    name, sep, search = item.partition(_SEARCH_SEP)
+    return name, (search if sep else None)
+
+
 def observe(path, kind, max_names=200):
-    """What is at ``path`` (resolved) on this machine, as a plain dict for ``judge``."""
+    """What is at ``path`` (resolved) on this machine, as a plain dict for ``judge``; for a
+    PROGRAM, ``path`` is ``program_item``'s text."""
+    if kind == PROGRAM:
+        return observe_program(*program_lookup(path))
     real = os.path.realpath(path)
     facts = {"path": path, "real": real, "exists": False}
     try:
@@ -162,19 +333,7 @@ def observe(path, kind, max_names=200):
                      mode=stat.S_IMODE(st.st_mode), nlink=st.st_nlink)
         if facts["type"] == "file":
             try:
-                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                try:
-                    want = JSON_BYTES if kind in _JSON_KINDS else HEAD_BYTES
-                    chunks = []
-                    while want > 0:
-                        chunk = os.read(fd, min(want, 1024 * 1024))
-                        if not chunk:
-                            break
-                        chunks.append(chunk)
-                        want -= len(chunk)
-                    facts["head"] = b"".join(chunks).decode("utf-8", "replace")
-                finally:
-                    os.close(fd)
+                facts["head"] = _head(real, JSON_BYTES if kind in _JSON_KINDS else HEAD_BYTES)
             except OSError as exc:
                 facts["error"] = exc.strerror or str(exc)
         elif facts["type"] == "dir":
@@ -191,22 +350,63 @@ def observe(path, kind, max_names=200):
                 except OSError:
                     entries.append((name, "other"))
             facts["entries"] = entries
+            if kind == "cache":
+                # judged as the purge judges it: every entry at every depth, not the first names
+                whole = observe_cache(real)
+                facts["tree"] = whole.get("tree", [])
+                if whole.get("error"):
+                    facts["error"] = whole["error"]
             if kind == "lock":
                 try:
                     with open(os.path.join(real, "owner.json"), "rb") as fh:
                         facts["record"] = fh.read(HEAD_BYTES).decode("utf-8", "replace")
                 except OSError:
                     facts["record"] = None
+            if kind == "root":
+                _observe_root(real, facts, max_names)
             facts["mount"] = os.path.ismount(real)
-    # the nearest existing directory above: who could swap the file for a symlink
-    parent = os.path.dirname(real)
-    while parent and parent != "/" and not os.path.isdir(parent):
-        parent = os.path.dirname(parent)
-    try:
-        pst = os.stat(parent or "/")
-        facts.update(parent=parent or "/", parent_uid=pst.st_uid, parent_mode=stat.S_IMODE(pst.st_mode))
-    except OSError:
-        pass
+    # every directory above: who could swap the file, or plant one first
+    facts["chain"] = _ancestors(real)
+    facts["parent_exists"] = bool(facts["chain"]) and facts["chain"][-1][0] == os.path.dirname(real)
+    if kind in PERSISTENT_KINDS:
+        mount = mount_of(_deepest_existing(real), _read_mountinfo())
+        if mount is not None:
+            facts["mount_point"], facts["fstype"] = mount
+    return facts
+
+
+def search_dirs(search=None, environ=None):
+    """The directories a program name is looked up in: ``search`` (a PATH string: the unit's or the
+    pre-flight's), else this process's PATH plus the sbin directories, as ansible's get_bin_path
+    looks up nvidia-smi for a module."""
+    if search is not None:
+        return [d for d in search.split(":") if d]
+    dirs = [d for d in (environ if environ is not None else os.environ).get("PATH", "").split(":") if d]
+    return dirs + [d for d in SBIN_DIRS if d not in dirs]
+
+
+def observe_program(name, search=None):
+    """Where the program ``name`` (a name looked up on ``search_dirs(search)``, or an absolute
+    path) resolves on this machine, as a plain dict for ``judge``: the file run and every directory
+    above it and above the one the lookup found it in."""
+    facts = {"path": name, "exists": False}
+    if "/" in name:
+        candidates = [name]
+    else:
+        candidates = [os.path.join(d, name) for d in search_dirs(search) if d.startswith("/")]
+    found = next((c for c in candidates if os.path.isfile(c) and os.access(c, os.X_OK)), None)
+    if found is None:
+        facts["real"] = name
+        return facts
+    real = os.path.realpath(found)
+    facts.update(found=found, real=real)
+    got = _lstat_facts(real)
+    if got is not None:
+        facts.update(exists=True, type=got[0], uid=got[1], mode=got[2])
+    chain = _ancestors(os.path.join(os.path.realpath(os.path.dirname(found)), "x"))
+    seen = set(d for d, _u, _m in chain)
+    chain.extend(c for c in _ancestors(real) if c[0] not in seen)
+    facts["chain"] = chain
     return facts
 
 
@@ -253,9 +453,35 @@ def is_ours(kind, facts):
     if kind == "metrics":
         return t == "file" and head.startswith(METRICS_MARK)
     if kind == "root":
-        names = {n for n, _k in facts.get("entries") or []}
-        return t == "dir" and (not names or "releases" in names)
+        return t == "dir" and root_kind(facts) is not None
     return False
+
+
+def root_kind(facts):
+    """What the existing directory described by ``facts`` (observed as a root) is to this
+    collection: "marked" (it carries ROOT_MARK_NAME), "empty" (nothing but lost+found: a fresh
+    volume's mount point), "legacy" (no marker, but everything in it is ours: a root an older
+    version of the collection made, adopted and then marked) or None (not ours)."""
+    names = {n for n, _k in facts.get("entries") or []}
+    members = facts.get("members") or {}
+    if members.get(ROOT_MARK_NAME, ("",))[0] == "file":
+        return "marked"
+    if names <= {"lost+found"}:
+        return "empty"
+    if "releases" not in names or facts.get("count", 0) > len(facts.get("entries") or []):
+        return None
+    if not all(n in _ROOT_NAMES or n.startswith(_ROOT_TMP_PREFIXES) for n in names):
+        return None
+    releases = facts.get("releases") or []
+    if facts.get("releases_count", 0) > len(releases):
+        return None
+    if not all(marked or name.startswith(".tmp-") for name, _k, marked in releases):
+        return None
+    if "ledger.json" in members and not _LEDGER_HEAD_RE.match(facts.get("ledger_head") or ""):
+        return None
+    if "current" in members and members["current"][0] != "symlink":
+        return None
+    return "legacy"
 
 
 def _json_has(text, keys):
@@ -287,56 +513,142 @@ def _names(facts, limit=5):
     return ", ".join(names) + (" and %d more" % more if more > 0 else "")
 
 
-def cache_problem(facts):
-    """Why the directory described by ``facts`` does not look like a torchinductor cache, or None."""
-    if not facts.get("exists"):
-        return None
-    if facts.get("type") != "dir":
-        return "is %s, not a torchinductor cache directory" % _describe(facts)
-    strange = [(n, k) for n, k in facts.get("entries") or [] if not cache_entry_ok(n, k)]
-    if strange:
-        shown = ", ".join(n + ("/" if k == "dir" else "") for n, k in strange[:5])
-        more = len(strange) - 5
-        return ("does not look like a torchinductor cache: it holds %s%s, which inductor does not write "
-                "(a cache holds two-character hash directories, locks/, precompiled_headers/, fxgraph/, ...)"
-                % (shown, " and %d more" % more if more > 0 else ""))
+def _shared_sticky(mode):
+    """A sticky directory others may write (/tmp, /data/shared: 1777): each user can add names,
+    and remove only their own."""
+    return bool(mode & 0o1000) and bool(mode & 0o022)
+
+
+def chain_problem(kind, facts):
+    """Why a directory above the file described by ``facts`` lets another user swap it or plant it
+    first, or None: each directory from ``/`` down must be root's and writable by root alone; a
+    sticky shared directory is accepted only as the file's own directory, for the kinds root
+    creates anew (EXCL_KINDS)."""
+    chain = facts.get("chain") or []
+    for directory, uid, mode in chain:
+        if uid != _ROOT_UID:
+            return "is in %s, owned by uid %d (mode %04o): every directory above it must be root's, or that user " \
+                   "can replace the file before root %s it" % (directory, uid, mode, _USE.get(kind, "writes"))
+        if not mode & 0o022:
+            continue
+        if _shared_sticky(mode):
+            if kind in EXCL_KINDS and facts.get("parent_exists") and chain[-1][0] == directory:
+                continue
+            return "is in %s (mode %04o), a directory every user can write: another user can put a file or " \
+                   "directory of theirs at that name first%s" % (
+                       directory, mode, "" if kind in EXCL_KINDS else
+                       " (only the restart job's state, which root creates anew, may live directly in such a "
+                       "directory)")
+        return "is in %s (uid 0, mode %04o), which its group or others can write: every directory above it must " \
+               "be writable by root alone" % (directory, mode)
     return None
 
 
-def cache_entry_ok(name, kind):
-    """One top-level entry of a torchinductor cache."""
-    if kind == "dir":
-        return bool(_HASH_DIR_RE.match(name)) or name in CACHE_DIRS or name.startswith("tmp")
-    if kind == "file":
-        return name in CACHE_FILES or bool(_CACHE_FILE_RE.match(name))
-    return False
+# what root does with a file of each kind (for the words of a refusal)
+_USE = {"env": "loads", "launcher": "runs", PROGRAM: "runs", "state": "reads", "lock": "takes", "root": "runs from"}
+
+
+def _own_problem(facts):
+    """Why the existing file or directory described by ``facts`` is not root's alone, or None."""
+    if facts.get("type") in ("symlink", None):
+        return None
+    uid, mode = facts.get("uid"), facts.get("mode") or 0
+    if uid is not None and uid != _ROOT_UID:
+        return "exists and belongs to uid %d: root adopts only its own files" % uid
+    if mode & 0o022:
+        return "exists with mode %04o: its group or others can change it" % mode
+    return None
+
+
+def _root_members_problem(facts):
+    for name in _ROOT_MEMBERS:
+        got = (facts.get("members") or {}).get(name)
+        if got is None:
+            continue
+        kind, uid, mode = got
+        if uid != _ROOT_UID:
+            return "holds %s, which belongs to uid %d: everything in a release root is root's" % (name, uid)
+        if kind != "symlink" and mode & 0o022:
+            return "holds %s (mode %04o), which its group or others can change" % (name, mode)
+    return None
+
+
+def program_problem(facts, uids=None):
+    """Why the program described by ``facts`` (``observe_program``) may not be run as root, or
+    None (one that is not found is left to its caller, which says so). ``uids``: the owners
+    trusted (default root's alone; the node's read trusts the user it runs as too)."""
+    if not facts.get("found"):
+        return None
+    trusted = (_ROOT_UID,) if uids is None else tuple(uids)
+    name, real = facts.get("path"), facts.get("real")
+    where = "%s resolves to %s" % (name, real) if real != name else name
+    tail = ": a program run as root must be a file root owns and only root may write, in directories only root " \
+           "may write (as sudo's secure_path)"
+    if facts.get("type") != "file":
+        return "%s, which is %s%s" % (where, _describe(facts), tail)
+    if facts.get("uid") not in trusted:
+        return "%s, which belongs to uid %s%s" % (where, facts.get("uid"), tail)
+    if (facts.get("mode") or 0) & 0o022:
+        return "%s (mode %04o), which its group or others can change%s" % (where, facts.get("mode"), tail)
+    for directory, uid, mode in facts.get("chain") or []:
+        if uid not in trusted:
+            return "%s, in %s, owned by uid %d (mode %04o)%s" % (where, directory, uid, mode, tail)
+        if mode & 0o022:
+            return "%s, in %s (mode %04o), which %s can write%s" % (
+                where, directory, mode, "every user" if mode & 0o002 else "its group", tail)
+    return None
 
 
 def judge(variable, kind, facts):
-    """Why the collection may not write (or delete) what ``facts`` describes for ``variable``, or None."""
+    """Why the collection may not write (or delete, or run) what ``facts`` describes for
+    ``variable``, or None."""
+    if kind == PROGRAM:
+        return program_problem(facts)
     real = facts.get("real") or facts.get("path")
     via = "" if real == facts.get("path") else " (it resolves to %s)" % real
     where = placement_problem(kind, real)
     if where:
         return "%s%s %s" % (facts.get("path"), via, where)
-    if kind in STATE_KINDS and facts.get("parent_uid") not in (None, 0):
-        return "%s%s is in %s, owned by uid %s: state files live in a root-owned directory" % (
-            facts.get("path"), via, facts.get("parent"), facts.get("parent_uid"))
-    if kind in STATE_KINDS and (facts.get("parent_mode") or 0) & 0o022:
-        return "%s%s is in %s (mode %04o), which others can write: state files live in a directory only root " \
-               "can write" % (facts.get("path"), via, facts.get("parent"), facts.get("parent_mode"))
+    if kind != "cache":
+        why = chain_problem(kind, facts)
+        if why:
+            return "%s%s %s" % (facts.get("path"), via, why)
+    if kind in PERSISTENT_KINDS and facts.get("fstype") in VOLATILE_FS:
+        return "%s%s lies on a %s (%s): it is lost at reboot, and the enabled unit then fails to start; put it on " \
+               "a disk (the default: %s)" % (facts.get("path"), via, facts["fstype"], facts.get("mount_point"),
+                                              _DEFAULTS[kind])
     if not facts.get("exists"):
         return None
     if kind == "cache":
         why = cache_problem(facts)
         return None if why is None else "%s%s %s" % (facts.get("path"), via, why)
+    why = _own_problem(facts)
+    if why:
+        return "%s%s %s" % (facts.get("path"), via, why)
+    if kind == "root":
+        if root_kind(facts) is None:
+            return "%s%s exists and is not a release root of dflash.trainer (no %s): it holds %s" % (
+                facts.get("path"), via, ROOT_MARK_NAME, _root_names(facts))
+        why = _root_members_problem(facts)
+        return None if why is None else "%s%s %s" % (facts.get("path"), via, why)
     if is_ours(kind, facts):
         return None
-    if kind == "root":
-        return "%s%s exists and is not a release root of dflash.trainer: it holds %s" % (
-            facts.get("path"), via, _names(facts))
     return "%s%s exists and was not written by dflash.trainer (%s there is %s, not %s)" % (
         facts.get("path"), via, "what is" if via else "it is", _describe(facts), _WHAT[kind])
+
+
+# the role's defaults of the files that must outlive a reboot (roles/trainer/defaults/main.yml)
+_DEFAULTS = {"env": "/etc/dflash-trainer/trainer.env", "launcher": "/usr/local/lib/dflash-trainer/launch"}
+
+
+def _root_names(facts):
+    """The names of a refused root, with its releases/ entries that are no release of ours."""
+    shown = _names(facts)
+    foreign = [n for n, _k, marked in facts.get("releases") or [] if not marked and not n.startswith(".tmp-")]
+    if foreign:
+        shown += "; releases/ holds %s, which %s no %s" % (", ".join(foreign[:5]), "has" if len(foreign) == 1
+                                                          else "have", RELEASE_MARK_NAME)
+    return shown
 
 
 def collisions(targets):
@@ -415,4 +727,17 @@ def managed(variables, unit_path=None):
     purge = variables.get("trainer_purge_inductor_cache", True)
     if cache and purge not in (False, "false", "False", "no", "0", 0):
         out.append(("trainer_inductor_cache_dir", "cache", cache))
+    # the programs root runs: nvidia-smi (the modules' own lookup), the first word of the
+    # pre-flight and of the trainer's command (the unit's PATH; a word with a '/' that is not
+    # absolute lies in the release, judged with the release root)
+    smi = variables.get("trainer_nvidia_smi", "nvidia-smi")
+    if isinstance(smi, str) and smi:
+        out.append(("trainer_nvidia_smi", PROGRAM, program_item(smi)))
+    env = variables.get("trainer_env")
+    search = env.get("PATH") if isinstance(env, dict) and isinstance(env.get("PATH"), str) else SYSTEMD_PATH
+    for name in ("trainer_preflight_command", "trainer_command"):
+        argv = variables.get(name)
+        first = argv[0] if isinstance(argv, list) and argv else None
+        if isinstance(first, str) and first and ("/" not in first or first.startswith("/")):
+            out.append((name, PROGRAM, program_item(first, search)))
     return out

@@ -14,6 +14,7 @@ would only fail the drain gate after the stop, stranding a stopped trainer).
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 # systemd's default PATH for system units (a unit without Environment=PATH= gets this)
@@ -47,6 +48,11 @@ def shebang(path):
             first = f.readline(256)
     except OSError:
         return None
+    return shebang_words(first)
+
+
+def shebang_words(first):
+    """The interpreter argv of a ``#!`` line (bytes), or None."""
     if not first.startswith(b"#!"):
         return None
     words = first[2:].decode("utf-8", "replace").split()
@@ -143,7 +149,159 @@ def gpu_problem(gpus, indexes, max_mib, running, trainer_pids, visible_pid=None,
     return None
 
 
+def reason_line(tail):
+    """The line of an output's tail that says why: the last one naming an error (``Fatal Python error:
+    ...``, ``ModuleNotFoundError: ...``, ``bash: line 3: ...: No such file``), else the last line."""
+    for line in reversed(tail or []):
+        if re.search(r"(Error|error|Exception)\b|No such file|not found|[Pp]ermission denied", line):
+            return line.strip()
+    return tail[-1].strip() if tail else "no output"
+
+
 def output_tail(stdout, stderr, lines=20):
     text = (stdout or "") + (("\n" + stderr) if stderr else "")
     tail = [line for line in text.splitlines() if line.strip()][-lines:]
     return tail
+
+
+# -- the unit's environment -------------------------------------------------------------------------
+# variables that hold a list of directories: systemd passes an environment file's values literally
+# (no $VAR, no ~), so "/opt/conda/bin:$PATH" gives a PATH with a directory called "$PATH" in it
+PATH_LISTS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "LIBRARY_PATH", "CPATH", "MANPATH")
+# the [Service] settings that make the process's user, environment and place (systemd.exec(5)): a
+# pre-flight in a transient unit with the same ones runs in the environment the trainer gets
+EXEC_PROPERTIES = ("User", "Group", "SupplementaryGroups", "WorkingDirectory", "Environment", "EnvironmentFile",
+                   "UnsetEnvironment", "PassEnvironment", "UMask", "RootDirectory")
+# what the role's unit has when no unit text is given (roles/trainer/templates/trainer.service.j2)
+DEFAULT_PROPERTIES = (("User", "root"), ("EnvironmentFile", "-/etc/default/locale"),
+                      ("EnvironmentFile", "-/etc/locale.conf"))
+
+
+def environment_problem(env):
+    """Why the environment ``env`` (the environment file's mapping) breaks what it names (words that
+    never show a value: they are secrets), or None: a list of directories with ``$`` or ``~`` in it
+    (systemd expands neither) or with a relative entry."""
+    for key in PATH_LISTS:
+        value = env.get(key)
+        if value is None:
+            continue
+        entries = str(value).split(":")
+        if any("$" in e for e in entries):
+            return ("trainer_env %s holds a '$': systemd does not expand variables in an environment file, so it "
+                    "would stay literal (write the whole list, e.g. PATH: /opt/conda/bin:%s)" % (key, SYSTEMD_PATH))
+        if any(e.startswith("~") for e in entries):
+            return "trainer_env %s holds a '~': systemd does not expand it (write the directory, e.g. /root/...)" % key
+        if key == "PATH" and any(e and not e.startswith("/") for e in entries):
+            return "trainer_env PATH holds a relative directory: write absolute directories only"
+        if key == "PATH" and not any(e for e in entries):
+            return "trainer_env PATH is empty: the trainer could find no program"
+    return None
+
+
+def unit_exec_properties(unit_text):
+    """[(key, value)] of the ``[Service]`` settings of ``unit_text`` in EXEC_PROPERTIES, in order
+    (comments and other sections skipped)."""
+    props = []
+    section = None
+    for raw in (unit_text or "").splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        if section != "Service" or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        if key.strip() in EXEC_PROPERTIES:
+            props.append((key.strip(), value.strip()))
+    return props
+
+
+def preflight_properties(props, env_path, staged_env, release_dir):
+    """The transient unit's properties: the unit's own ``props`` with the trainer's environment file
+    ``env_path`` replaced by the staged new one and the working directory the release's (where the
+    launcher runs the command) -> [(key, value)]."""
+    out, replaced = [], False
+    for key, value in props:
+        if key == "WorkingDirectory":
+            continue
+        if key == "EnvironmentFile" and value.lstrip("-") == env_path:
+            out.append((key, staged_env))
+            replaced = True
+            continue
+        out.append((key, value))
+    if not replaced:
+        out.append(("EnvironmentFile", staged_env))
+    out.append(("WorkingDirectory", release_dir))
+    return out
+
+
+def transient_argv(systemd_run, name, props, argv, timeout_s, setenv=()):
+    """``systemd-run`` running ``argv`` in a transient service ``name`` with ``props``, waiting for it,
+    its output on our pipes, its exit status ours; ``setenv``: NAME=value words set for the command
+    itself (through env(1), so they win over the environment files, as the launcher's do)."""
+    cmd = [systemd_run, "--wait", "--pipe", "--collect", "--quiet", "--service-type=exec", "--unit", name,
+           "-p", "RuntimeMaxSec=%d" % max(1, int(timeout_s + 0.999))]
+    for key, value in props:
+        cmd += ["-p", "%s=%s" % (key, value)]
+    cmd.append("--")
+    if setenv:
+        cmd += ["/usr/bin/env"] + list(setenv)
+    return cmd + [str(a) for a in argv]
+
+
+def interpreter_of(argv, release_dir, path):
+    """The program the trainer's command starts first and its kind -> (program, kind) with kind
+    "python", "shell" or None (not one we know how to start harmlessly), or (None, None)."""
+    if not argv:
+        return None, None
+    prog = str(argv[0])
+    if "/" in prog:
+        full = prog if prog.startswith("/") else os.path.join(release_dir, prog)
+        interp = shebang(full)
+        if not interp:
+            return None, None
+        exe = interp[0]
+        if os.path.basename(exe) == "env" and len(interp) > 1 and not interp[1].startswith("-"):
+            exe = which(interp[1], path)
+    else:
+        exe = which(prog, path)
+    if not exe:
+        return None, None
+    base = os.path.basename(exe).rstrip("0123456789.")
+    if base == "python":
+        return exe, "python"
+    if base in ("bash", "sh", "dash"):
+        return exe, "shell"
+    return exe, None
+
+
+def interpreter_check(argv, release_dir, path):
+    """The harmless start of the trainer's interpreter in the unit's environment -> (argv, words) or
+    (None, None): python - ``-c pass`` (it starts, finds its standard library and site-packages, and
+    runs nothing of the release); a shell with its script - ``-n`` (reads it, runs nothing)."""
+    exe, kind = interpreter_of(argv, release_dir, path)
+    if kind == "python":
+        return [exe, "-c", "pass"], "%s starts" % exe
+    if kind == "shell":
+        prog = str(argv[0])
+        script = prog if "/" in prog else next((str(a) for a in argv[1:] if not str(a).startswith("-")), None)
+        if script:
+            return [exe, "-n", script], "%s reads %s" % (exe, script)
+    return None, None
+
+
+def launcher_check(launcher_text, path):
+    """The harmless start of the unit's own first program - the launcher, a script run by its ``#!``
+    interpreter with the trainer's environment (a PYTHONHOME or PYTHONPATH that breaks python breaks
+    it before the trainer) -> (argv, words) or (None, None)."""
+    interp = shebang_words((launcher_text or "").encode("utf-8", "replace").split(b"\n", 1)[0] + b"\n")
+    if not interp:
+        return None, None
+    exe = interp[0]
+    if os.path.basename(exe) == "env" and len(interp) > 1 and not interp[1].startswith("-"):
+        exe = which(interp[1], path)
+    if exe and os.path.basename(exe).rstrip("0123456789.") == "python":
+        return [exe, "-c", "pass"], "the launcher's %s starts" % exe
+    return None, None

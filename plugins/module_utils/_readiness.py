@@ -33,6 +33,31 @@ FAILED = "failed"
 
 DEFAULT_HOLD_S = 10.0
 DEFAULT_STALL_S = 5.0
+DEFAULT_TIMEOUT_S = 300.0
+
+# The stall window follows the trainer's own cadence: a trainer that reports every N s may go
+# STALL_CADENCE_FACTOR x N s without a rise (N: the low median of the last CADENCE_GAPS gaps between
+# rises once the progress clock runs), never less than stall_s. 3 x N lets a trainer that reports
+# every 5-10 s through with the 5 s default and still names a hang within three missed reports.
+STALL_CADENCE_FACTOR = 3.0
+CADENCE_GAPS = 16
+# READY needs the step counter to rise this many times inside the hold window (one rise could be
+# the last one before a hang that the stall window has not reached yet).
+MIN_HOLD_RISES = 2
+# The early word when nothing in the log looks like progress and nothing was read from it: the log
+# grew at UNREAD_TICKS moments at least UNREAD_TICK_S apart (five minutes of steady output) and by
+# UNREAD_LINES lines. A healthy trainer's load and compile output comes in bursts and stops, or
+# holds a line the proof reads, long before that; the deadline bounds the rest.
+UNREAD_LINES = 300
+UNREAD_TICK_S = 10.0
+UNREAD_TICKS = 30
+
+# The role variables behind each expectation: every verdict that depends on one names it and its value.
+VARIABLES = {
+    "hold_s": "trainer_ready_hold_s", "stall_s": "trainer_ready_stall_s", "timeout_s": "trainer_ready_timeout_s",
+    "min_steps": "trainer_ready_min_steps", "min_mib": "trainer_gpu_min_mib", "ready_regex": "trainer_ready_regex",
+    "step_regex": "trainer_step_regex", "tokps_regex": "trainer_tokps_regex",
+}
 
 
 def fmt_s(seconds):
@@ -48,6 +73,12 @@ def fmt_s(seconds):
 
 def fmt_gpu_list(indexes):
     return ("GPU %s" if len(indexes) == 1 else "GPUs %s") % ", ".join(str(i) for i in indexes)
+
+
+def setting(name, value):
+    """"trainer_ready_stall_s=5": the variable behind expectation ``name`` and its value."""
+    shown = fmt_s(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    return "%s=%s" % (VARIABLES.get(name, name), shown)
 
 
 @dataclass
@@ -78,10 +109,12 @@ class Expectations:
     n_restarts: int = 0
     gpus: list = None          # None: every GPU in the snapshot
     min_mib: int = 1024
-    min_steps: int = 2         # 0 disables the step checks (count, increase, stall, GPU left behind)
+    # The role refuses less than 1. 0 (for a standalone caller) turns the step checks off - count,
+    # increase, stall, GPU left behind, the early word on steps - and the READY verdict says so.
+    min_steps: int = 2
     hold_s: float = DEFAULT_HOLD_S
     stall_s: float = DEFAULT_STALL_S
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     tail_lines: int = 20
     ready_regex: str = DEFAULT_READY_REGEX
 
@@ -97,6 +130,15 @@ def window_problem(hold_s, stall_s):
         return ("stall_s (%s s) is longer than hold_s (%s s): progress could stop for the whole hold "
                 "and still count as held; set stall_s no longer than hold_s" % (fmt_s(stall_s), fmt_s(hold_s)))
     return None
+
+
+def stall_window(stall_s, gaps):
+    """The stall window for a trainer whose last gaps between rises were ``gaps`` (s): at least
+    ``stall_s``, else STALL_CADENCE_FACTOR x their low median."""
+    if not gaps:
+        return stall_s
+    ordered = sorted(gaps)
+    return max(stall_s, STALL_CADENCE_FACTOR * ordered[(len(ordered) - 1) // 2])
 
 
 def expected_gpus(expect, gpus_mib):
@@ -152,18 +194,84 @@ def step_regex_words(pattern):
     return "trainer_step_regex '%s'" % pattern
 
 
-def steps_unread_words(log, waited_s):
+def ready_regex_words(pattern):
+    """How a ready regex is named in a verdict (see ``step_regex_words``)."""
+    if pattern == DEFAULT_READY_REGEX:
+        return "trainer_ready_regex (the default: a tok/s, tokens/s, tok/sec or tokens per second figure)"
+    return "trainer_ready_regex '%s'" % pattern
+
+
+def _shown(line):
+    shown = (line or "").strip()
+    return shown[:200] + "…" if len(shown) > 200 else shown
+
+
+def _pattern(compiled, fallback="?"):
+    return getattr(compiled, "pattern", fallback)
+
+
+def _steps_what(log):
+    problems = [p for p in getattr(log, "problems", None) or [] if p.startswith("step:")]
+    return "read no whole step number (%s)" % problems[0] if problems else "matched nothing"
+
+
+def steps_unread_words(log, waited_s, stall_s=None, since="the first line matching trainer_ready_regex"):
     """"the log shows `iter 5 | 21.5K tok/s` but trainer_step_regex '…' matched nothing …" for a
     log that shows progress lines (``ready_line``) and no step value read from any of them."""
-    pattern = getattr(getattr(log, "step_re", None), "pattern", "?")
-    shown = (log.ready_line or "").strip()
-    if len(shown) > 200:
-        shown = shown[:200] + "…"
-    problems = [p for p in getattr(log, "problems", None) or [] if p.startswith("step:")]
-    what = "read no whole step number (%s)" % problems[0] if problems else "matched nothing"
-    return ("the log shows `%s` but %s %s for %s s after the first line matching trainer_ready_regex: "
-            "set trainer_step_regex to a regex whose first group is the progress counter" % (
-                shown, step_regex_words(pattern), what, fmt_s(waited_s)))
+    words = ("the log shows `%s` but %s %s for %s s after %s: "
+             "set trainer_step_regex to a regex whose first group is the progress counter" % (
+                 _shown(log.ready_line), step_regex_words(_pattern(getattr(log, "step_re", None))),
+                 _steps_what(log), fmt_s(waited_s), since))
+    if stall_s is not None:
+        words += " (the early word comes after %s)" % setting("stall_s", stall_s)
+    return words
+
+
+def nothing_read_words(log, line, waited_s, since_words, window_words):
+    """Neither a ready line nor a step value read for ``waited_s`` s while progress-like lines kept
+    coming: name both regexes (and the throughput one)."""
+    return ("the log shows `%s` but the proof read nothing from this start's log for %s s after %s: %s "
+            "matched no line and %s %s; set trainer_ready_regex to a regex that matches the trainer's progress "
+            "line and trainer_step_regex to one whose first group is its step counter (trainer_tokps_regex "
+            "reads its throughput figure) (the early word comes after %s)" % (
+                _shown(line), fmt_s(waited_s), since_words,
+                ready_regex_words(_pattern(getattr(log, "ready_re", None))),
+                step_regex_words(_pattern(getattr(log, "step_re", None))), _steps_what(log), window_words))
+
+
+def ready_unread_words(log, line, waited_s, window_words):
+    """Step values read, no line matching the ready regex for ``waited_s`` s of progress."""
+    read = " (step %s read by trainer_step_regex)" % log.last_step if log.last_step is not None else ""
+    return ("the log shows `%s`%s but %s matched no line for %s s after the "
+            "first line that looks like progress: set trainer_ready_regex to a regex that matches the trainer's "
+            "progress line (and trainer_tokps_regex to one that reads its throughput figure, if it has one) "
+            "(the early word comes after %s)" % (
+                _shown(line), read, ready_regex_words(_pattern(getattr(log, "ready_re", None))),
+                fmt_s(waited_s), window_words))
+
+
+def output_unread_words(log, lines, span_s):
+    """Minutes of output, none of it read."""
+    return ("this start's log grew by %d lines over %s s and the proof read nothing from it: %s matched no line "
+            "and %s %s; the last line: `%s`; set trainer_ready_regex and trainer_step_regex (trainer_tokps_regex "
+            "for the throughput figure) to read the trainer's progress line (the early word comes after %d lines "
+            "written over %d moments %s s apart)" % (
+                lines, fmt_s(span_s), ready_regex_words(_pattern(getattr(log, "ready_re", None))),
+                step_regex_words(_pattern(getattr(log, "step_re", None))), _steps_what(log),
+                _shown(log.tail(1)[-1] if log.tail(1) else ""), UNREAD_LINES, UNREAD_TICKS, fmt_s(UNREAD_TICK_S)))
+
+
+_ABSENT = object()
+
+
+def progress_signature(log):
+    """What changes when more progress output arrives. With the log reader's progress-like lines
+    (``last_progress_like_line``): a new progress-like line, ready line, step or throughput value -
+    other output (compile logs, warnings) does not count; without them: any new line."""
+    if getattr(log, "last_progress_like_line", _ABSENT) is _ABSENT:
+        return (getattr(log, "line_count", 0),)
+    return (getattr(log, "ready_count", 0), getattr(log, "n_steps", 0),
+            len(getattr(log, "tokps_values", None) or ()), log.last_progress_like_line)
 
 
 def death_words(props, log):
@@ -187,29 +295,43 @@ class Judge(object):
     """Readiness of one trainer start.
 
     Progress is the step counter (the highest step value in this start's log) rising between two
-    observations; its clock runs once the log shows ``min_steps`` increasing step values
-    (``min_steps`` 0 turns progress, and with it the rules that need it, off).
+    observations; its clock runs once the log shows ``min_steps`` increasing step values. The
+    stall window is ``stall_s`` or, for a trainer that reports less often, STALL_CADENCE_FACTOR x
+    its own gap between rises (``stall_window``: the low median of the last gaps the clock saw).
+    Nothing before the first step value is a stall: a silent load or compile is the deadline's.
 
     FAILED at once, for what cannot improve by waiting:
       - the unit is not active/running, or it restarted (NRestarts above the baseline, a new
         InvocationID);
       - an error pattern in this start's log; an expected GPU that nvidia-smi does not report;
-      - a stall: an observation without a rise more than ``stall_s`` after the last rise
-        ("no progress for 6.2 s (last step=5)"), named as a restart inside when the step went
-        back meanwhile ("step went from 6 back to 1: the trainer restarted inside ...");
-      - a step regex that reads nothing: the log grew for more than ``stall_s`` after a line
-        matching the ready regex was first seen and no step value was read from it ("the log
-        shows `iter 5 | 21.5K tok/s` but trainer_step_regex ... matched nothing ...");
-      - a GPU left behind: the trainer has made progress for ``stall_s`` since its first step
+      - a stall: an observation without a rise more than the stall window after the last rise
+        ("no progress for 6.2 s (last step=5): longer than trainer_ready_stall_s=5"), named as a
+        restart inside when the step went back meanwhile ("step went from 6 back to 1: ...");
+      - a GPU left behind: the trainer has made progress for a stall window since its first step
         and an expected GPU stayed below ``min_mib`` on every observation of that time
-        ("GPU 7 holds 100 MiB while the trainer is at step 40 ...").
+        ("GPU 7 holds 100 MiB while the trainer is at step 40 ...");
+      - the early word, when the log goes on showing progress that the proof cannot read (what it
+        needs: a line matching the ready regex, step values): counted from the first observation
+        that shows a line looking like progress (the log reader's ``progress_like_line``, a ready
+        line, a step or throughput value), and only once more progress output came after it
+        (``progress_signature``):
+          * no step value read for more than ``stall_s`` (with a ready line: "the log shows `iter 5
+            | 21.5K tok/s` but trainer_step_regex ... matched nothing ..."; without: both regexes
+            named);
+          * step values read and no ready line for more than the hold (``hold_s``, or the stall
+            window when that is longer);
+          * nothing that looks like progress and nothing read: UNREAD_LINES lines written over
+            UNREAD_TICKS moments UNREAD_TICK_S apart.
     READY when every condition (see ``missing_conditions``) held on every observation for
-    ``hold_s`` and progress held through that window: the step counter rose after the window
-    began, and no gap between rises, nor the one from the last rise to the verdict, exceeded
-    ``stall_s``. A rise seen more than ``stall_s`` after the previous one with no observation in
-    between (a poll that came late) proves neither a stall nor progress: the window starts again.
+    ``hold_s`` and progress held through that window: the step counter rose at least
+    MIN_HOLD_RISES times after the window began, and no gap between rises, nor the one from the
+    last rise to the verdict, exceeded the stall window. A rise seen more than the stall window
+    after the previous one with no observation in between (a poll that came late) proves neither a
+    stall nor progress: the window starts again (and the gap does not count as the cadence).
     FAILED at ``timeout_s`` after the first observation, naming what was missing: the deadline
     is for what can still change (a slow start, GPUs allocated before the first step).
+    ``min_steps`` 0 turns the step checks off (a standalone caller's choice; the role refuses it):
+    the READY verdict then says "no step checks".
 
     ``stall_s`` longer than ``hold_s`` is refused (ValueError, see ``window_problem``).
     """
@@ -222,14 +344,23 @@ class Judge(object):
         self.start = start
         self.hold_since = None
         self.hold_step = None
+        self.hold_rises = 0
         self.progress_step = None
         self.progress_at = None
         self.first_step_at = None
         self.progress_clock = False
+        self.gaps = []
         self.low_since = {}
         self.observations = 0
-        self.ready_seen_at = None
-        self.ready_seen_lines = None
+        # the early word: when progress first showed, what it was, the progress output then
+        self.early_at = None
+        self.early_kind = None
+        self.early_sig = None
+        # output that nothing reads: lines seen, moments it grew (UNREAD_TICK_S apart), the first one
+        self.lines_seen = 0
+        self.ticks = 0
+        self.tick_at = None
+        self.first_tick_at = None
 
     # -- clock ---------------------------------------------------------------------------------
     @property
@@ -242,6 +373,27 @@ class Judge(object):
         if self.deadline is None:
             return max(0.0, interval)
         return max(0.0, min(interval, self.deadline - now))
+
+    @property
+    def stall_window_s(self):
+        """The stall window now (see ``stall_window``)."""
+        return stall_window(self.expect.stall_s, self.gaps)
+
+    @property
+    def cadence_s(self):
+        """The trainer's own gap between rises (the low median the stall window follows), or None."""
+        if not self.gaps:
+            return None
+        ordered = sorted(self.gaps)
+        return ordered[(len(ordered) - 1) // 2]
+
+    def stall_words(self):
+        """"trainer_ready_stall_s=5", or how the window followed the trainer's cadence."""
+        window = self.stall_window_s
+        if window <= self.expect.stall_s:
+            return setting("stall_s", self.expect.stall_s)
+        return "%s s = %s x the %s s this trainer takes between steps, at least %s" % (
+            fmt_s(window), fmt_s(STALL_CADENCE_FACTOR), fmt_s(self.cadence_s), setting("stall_s", self.expect.stall_s))
 
     # -- verdicts ------------------------------------------------------------------------------
     def _details(self, snap, missing=None):
@@ -269,41 +421,87 @@ class Judge(object):
         return Verdict(FAILED, reason, details)
 
     def _progress(self, snap, log, has_log):
-        """Update the progress clock; returns (step, stalled_s or None, window broken)."""
+        """Update the progress clock; returns (step, stalled_s or None, window broken, rose)."""
         expect = self.expect
         step = log.max_step if has_log else None
         clock_was_running = self.progress_clock
         self.progress_clock = expect.min_steps > 0 and has_log and log.n_steps >= expect.min_steps
         if step is not None and (self.progress_step is None or step > self.progress_step):
             gap = None if self.progress_at is None else snap.now - self.progress_at
+            broken = clock_was_running and gap is not None and gap > self.stall_window_s
+            if gap is not None and self.progress_clock and not broken:
+                # the trainer's cadence: gaps once the clock runs (the one that starts it counts:
+                # with min_steps 2 it is the only one a slow trainer shows before its first stall check)
+                self.gaps.append(gap)
+                del self.gaps[:-CADENCE_GAPS]
             if self.first_step_at is None:
                 self.first_step_at = snap.now
             self.progress_step = step
             self.progress_at = snap.now
-            return step, None, clock_was_running and gap is not None and gap > expect.stall_s
+            return step, None, broken, True
         if self.progress_clock and self.progress_at is not None:
             stalled = snap.now - self.progress_at
-            if stalled > expect.stall_s:
-                return step, stalled, False
-        return step, None, False
+            if stalled > self.stall_window_s:
+                return step, stalled, False, False
+        return step, None, False, False
 
-    def _steps_unread(self, snap, log, has_log):
-        """Words of a failure when, for more than ``stall_s`` since a line matching the ready
-        regex was first seen, the log grew and no step value was read (the step regex does not
-        fit this trainer's words: waiting for the deadline cannot help); else None."""
-        if not has_log or self.expect.min_steps <= 0 or log.n_steps or log.ready_line is None:
+    def _count_output(self, snap, log):
+        """Count the moments (UNREAD_TICK_S apart) at which this start's log grew."""
+        lines = getattr(log, "line_count", 0)
+        if lines > self.lines_seen:
+            if self.tick_at is None or snap.now - self.tick_at >= UNREAD_TICK_S:
+                self.ticks += 1
+                self.tick_at = snap.now
+                if self.first_tick_at is None:
+                    self.first_tick_at = snap.now
+        self.lines_seen = lines
+
+    def _early_word(self, snap, log, has_log):
+        """Words of a failure when the log goes on showing progress the proof cannot read (see the
+        class: the early word); else None."""
+        if not has_log:
             return None
-        if self.ready_seen_at is None:
-            self.ready_seen_at, self.ready_seen_lines = snap.now, log.line_count
+        expect = self.expect
+        self._count_output(snap, log)
+        steps_unread = expect.min_steps > 0 and log.n_steps == 0
+        ready_unread = log.ready_line is None
+        if not (steps_unread or ready_unread):
             return None
-        waited = snap.now - self.ready_seen_at
-        if waited <= self.expect.stall_s or log.line_count <= self.ready_seen_lines:
-            return None
-        return steps_unread_words(log, waited)
+        like = getattr(log, "progress_like_line", None)
+        tokps = getattr(log, "tokps_values", None) or ()
+        if self.early_at is None:
+            if log.ready_line is not None:
+                kind = "ready"
+            elif like is not None or log.n_steps or tokps:
+                kind = "like"
+            else:
+                kind = None
+            if kind is not None:
+                self.early_at, self.early_kind, self.early_sig = snap.now, kind, progress_signature(log)
+                return None
+        elif progress_signature(log) != self.early_sig:
+            waited = snap.now - self.early_at
+            if steps_unread and waited > expect.stall_s:
+                if not ready_unread:
+                    since = "the first line matching trainer_ready_regex" if self.early_kind == "ready" else \
+                        "the first line that looks like progress"
+                    return steps_unread_words(log, waited, expect.stall_s, since)
+                line = getattr(log, "last_progress_like_line", None) or like or getattr(log, "progress_line", None)
+                return nothing_read_words(log, line, waited, "the first line that looks like progress",
+                                          setting("stall_s", expect.stall_s))
+            window = max(expect.hold_s, self.stall_window_s)
+            if not steps_unread and ready_unread and waited > window:
+                line = getattr(log, "last_progress_like_line", None) or getattr(log, "progress_line", None) or like
+                words = setting("hold_s", expect.hold_s) if window <= expect.hold_s else "the stall window, " + \
+                    self.stall_words()
+                return ready_unread_words(log, line, waited, words)
+        if steps_unread and ready_unread and self.ticks >= UNREAD_TICKS and log.line_count >= UNREAD_LINES:
+            return output_unread_words(log, log.line_count, snap.now - self.first_tick_at)
+        return None
 
     def _gpus_left_behind(self, snap, indexes, step):
         """[(index, MiB, seconds)] for expected GPUs below min_mib on every observation of the
-        last ``stall_s`` seconds of progress (only while the step counter advances)."""
+        last stall window of progress (only while the step counter advances)."""
         expect = self.expect
         for i in indexes:
             mib = snap.gpus_mib.get(i)
@@ -314,10 +512,11 @@ class Judge(object):
         if not self.progress_clock or step is None or snap.log.n_steps < 2:
             return []      # no progress (yet): a late allocation can still come; the deadline judges
         behind = []
+        window = self.stall_window_s
         for i in indexes:
             if i in self.low_since:
                 low_s = snap.now - max(self.low_since[i], self.first_step_at)
-                if low_s >= expect.stall_s:
+                if low_s >= window:
                     behind.append((i, snap.gpus_mib[i], low_s))
         return behind
 
@@ -358,53 +557,60 @@ class Judge(object):
             return self._fail(snap, "%s not reported by nvidia-smi (it reports %s)" % (
                 fmt_gpu_list(absent), index_ranges(snap.gpus_mib) or "none"))
 
-        # 4. progress: no step read from a growing log fails; a stall fails; a late poll
-        # restarts the window
-        unread = self._steps_unread(snap, log, has_log)
-        if unread:
-            return self._fail(snap, unread)
-        step, stalled, window_broken = self._progress(snap, log, has_log)
+        # 4. progress: a stall fails; a late poll restarts the window
+        step, stalled, window_broken, rose = self._progress(snap, log, has_log)
         if stalled is not None:
             back = getattr(log, "went_back", None) if has_log else None
             if back:
                 return self._fail(snap, "step went from %s back to %s: the trainer restarted inside "
-                                        "(no progress past step %s for %s s)" % (
-                                            back[0], back[1], back[0], fmt_s(stalled)))
-            return self._fail(snap, "no progress for %s s (last step=%s)" % (fmt_s(stalled), step))
+                                        "(no progress past step %s for %s s; longer than %s)" % (
+                                            back[0], back[1], back[0], fmt_s(stalled), self.stall_words()))
+            return self._fail(snap, "no progress for %s s (last step=%s): longer than %s" % (
+                fmt_s(stalled), step, self.stall_words()))
 
         # 5. a GPU still below min_mib while the trainer makes progress will not fill by waiting
         behind = self._gpus_left_behind(snap, indexes, step)
         if behind:
-            return self._fail(snap, "%s while the trainer is at step %s (below %d MiB through %s s of progress)" % (
+            return self._fail(snap, "%s while the trainer is at step %s (below %s MiB through %s s of progress; %s)" % (
                 ", ".join("GPU %s holds %s MiB" % (i, mib) for i, mib, _s in behind), step,
-                expect.min_mib, fmt_s(min(s for _i, _mib, s in behind))))
+                setting("min_mib", expect.min_mib), fmt_s(min(s for _i, _mib, s in behind)), self.stall_words()))
 
-        # 6. the hold window
+        # 6. the early word: the log goes on showing progress that the proof cannot read
+        unread = self._early_word(snap, log, has_log)
+        if unread:
+            return self._fail(snap, unread)
+
+        # 7. the hold window
         missing = missing_conditions(expect, snap)
         if missing:
             self.hold_since = None
             self.hold_step = None
+            self.hold_rises = 0
         else:
             if self.hold_since is None or window_broken:
                 self.hold_since = snap.now
                 self.hold_step = step
+                self.hold_rises = 0
+            elif rose:
+                self.hold_rises += 1
             held = snap.now - self.hold_since
             progressed = expect.min_steps <= 0 or (
-                step is not None and self.hold_step is not None and step > self.hold_step
-                and snap.now - self.progress_at <= expect.stall_s)
+                self.hold_rises >= MIN_HOLD_RISES and snap.now - self.progress_at <= self.stall_window_s)
             if held >= expect.hold_s and progressed:
                 return self._ready(snap)
 
-        # 7. the deadline
+        # 8. the deadline
         if snap.now - self.start >= expect.timeout_s:
             if not missing:
                 held = snap.now - self.hold_since
                 if held < expect.hold_s:
-                    missing = ["conditions held for only %s of %s s" % (fmt_s(held), fmt_s(expect.hold_s))]
+                    missing = ["conditions held for only %s of %s s (%s)" % (
+                        fmt_s(held), fmt_s(expect.hold_s), setting("hold_s", expect.hold_s))]
                 else:
-                    missing = ["step counter did not increase during the hold window (step=%s)" % step]
-            return self._fail(snap, "not ready after %s s: %s" % (
-                fmt_s(expect.timeout_s), "; ".join(missing)), missing)
+                    missing = ["the step counter rose %d times during the hold window, %d needed (step=%s)" % (
+                        self.hold_rises, MIN_HOLD_RISES, step)]
+            return self._fail(snap, "not ready after %s s (%s): %s" % (
+                fmt_s(expect.timeout_s), setting("timeout_s", expect.timeout_s), "; ".join(missing)), missing)
         return Verdict(PENDING, "; ".join(missing) if missing else "holding", {"missing": missing})
 
     def _ready(self, snap):
@@ -422,6 +628,10 @@ class Judge(object):
         }
         if getattr(log, "problems", None):
             details["figure_problems"] = list(log.problems)
+        if self.expect.min_steps <= 0:
+            details["step_checks"] = False
+            return Verdict(READY, "ready (no step checks: %s): %s" % (
+                setting("min_steps", self.expect.min_steps), log.ready_line), details)
         return Verdict(READY, "ready: %s" % log.ready_line, details)
 
 

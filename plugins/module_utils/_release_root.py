@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ROOT_MARK, ROOT_MARK_NAME
 from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import parse_manifest
 from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import fsync_dir
 from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
@@ -186,8 +187,26 @@ def delete_release(root, rid):
     shutil.rmtree(aside)
 
 
+def mark_root(root):
+    """Put the root's marker file (``_ownership.ROOT_MARK_NAME``) there when it is missing, so the
+    next run's check knows the root for ours (a root without it is refused unless it is empty or
+    everything in it is ours). True when it was written."""
+    path = os.path.join(root, ROOT_MARK_NAME)
+    if os.path.lexists(path):
+        return False
+    tmp = "%s.tmp-%s" % (path, _rand())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(ROOT_MARK + "\n")
+    os.replace(tmp, path)
+    return True
+
+
 class _Lock(object):
+    """The root's flock (``.lock``); taking it also marks the root as ours (``mark_root``)."""
+
     def __init__(self, root):
+        self.root = root
         self.path = os.path.join(root, ".lock")
         self.fd = None
 
@@ -195,6 +214,7 @@ class _Lock(object):
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         if fcntl is not None:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
+        mark_root(self.root)
         return self
 
     def __exit__(self, *exc):

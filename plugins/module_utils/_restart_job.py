@@ -26,6 +26,7 @@ import os
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils._install import config_words
 from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
 from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
@@ -114,8 +115,14 @@ class RestartJob(object):
 
     def __init__(self, steps, layout, rollback=True, purge=True, on_phase=None, clock=time.time,
                  releases_dir="the releases directory", log_path=None, source=None, min_tokps_ratio=None,
-                 lease=None):
+                 lease=None, config=None, config_id=None):
         self.lease = lease  # .check() raises LeaseLost once the deploy lock is not ours
+        # the configuration id of what a start runs (_config_id: a keyed hash of the installed command and
+        # environment, for the ledger): a callable read at each start, or a str; None - unknown
+        self.config_id = config_id
+        # the configuration (unit, environment file, launcher) proved with the last good release:
+        # .kept_for(rid), .keep(rid), .restore(rid) -> names restored (_install.ProvedConfig); None - not kept
+        self.config = config
         self.source = source
         self.min_tokps_ratio = min_tokps_ratio
         self.releases_dir = releases_dir
@@ -208,11 +215,12 @@ class RestartJob(object):
         # what the release was built from: the controller's git description, else what an earlier
         # job recorded for it, else its id (a content hash)
         self.source = self.source or self._source_of(release, ledger) or "content %s" % release
+        config_id = self._config_id_now()  # what this start runs: installed before the job
         try:
             started, proof = self.cycle(release)
             result.update(restarted=True, started=started)
             figures = proof.get("figures") or {}
-            comparison = compare(figures, ledger, release, self.source)
+            comparison = compare(figures, ledger, release, self.source, config=config_id)
             result.update(figures=figures, comparison=comparison)
             refusal = gate(comparison, self.min_tokps_ratio)
             if refusal:
@@ -223,7 +231,11 @@ class RestartJob(object):
             except Exception as exc:  # the trainer is proved: a bookkeeping error is said, not rolled back
                 self.warnings.append("could not record %s as last good: %s" % (release, _words(exc)))
                 result["warnings"] = list(self.warnings)
-            self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock())])
+            else:
+                self._keep_config(release)
+                if self.warnings:
+                    result["warnings"] = list(self.warnings)
+            self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock(), config=config_id)])
             result.update(ok=True, proof=proof, outcome="ready: release %s proved (pid %s, step %s, %s tok/s)" % (
                 release, proof.get("main_pid"), proof.get("step"), proof.get("tok_s")))
             self.phase("done")
@@ -244,53 +256,110 @@ class RestartJob(object):
               or exc.details.get("unexpected")) and last_good in (None, release):
             # nothing was proved wrong (it never started, or our own step failed): the release that
             # ran is brought back rather than left stopped
+            # (with the configuration it was proved with, when the job changed it)
             self.phase("restoring", release=release)
             try:
+                restored = self._put_back_config(last_good) if last_good == release else []
                 _started, proof = self.cycle(release, prefix="restore ", strict_drain=False)
                 result.update(restored=True, rollback_proof=proof, outcome=(
-                    "Restored: release %s runs again and is proved ready (pid %s, step %s, %s tok/s)."
-                    % (release, proof.get("main_pid"), proof.get("step"), proof.get("tok_s"))))
+                    "Restored: release %s runs again%s and is proved ready (pid %s, step %s, %s tok/s)."
+                    % (release, self._config_said(restored), proof.get("main_pid"), proof.get("step"),
+                       proof.get("tok_s"))))
             except StepFailed as exc:
                 result.update(rollback_failure=exc.msg, outcome="Restoring release %s FAILED as well: %s. %s" % (
                     release, exc.msg.splitlines()[0], self.steps.unit_state()))
-        elif not last_good or last_good == release:
+        elif not last_good or (last_good == release and not self._config_kept(release)):
             self.phase("stopping failed trainer")
             try:
                 self._step("stop", self.steps.stop)
             except StepFailed as exc:
                 result["stop_failure"] = exc.msg
-            result["outcome"] = ("No rollback: no other release under %s has passed the proof (last good: %s). "
+            if not last_good:
+                what = ("nothing was rolled back: no earlier release was proved here; %s" % self.steps.unit_state())
+            else:  # a job before this collection kept the proved configuration
+                what = ("nothing was rolled back: no configuration proved with release %s is kept; %s"
+                        % (release, self.steps.unit_state()))
+            result["outcome"] = ("No rollback: no other release under %s has passed the proof (last good: %s): "
                                  "%s; the failed start's log is kept%s." % (
-                                     self.releases_dir, last_good or "none", self.steps.unit_state(),
+                                     self.releases_dir, last_good or "none", what,
                                      " in %s" % self.log_path if self.log_path else ""))
         else:
+            # the last good release - this same one after an environment-only or forced restart - with
+            # the configuration (unit, environment file, launcher) it was proved with
             self.phase("rolling back", release=last_good)
             result.update(rolled_back=True, rollback_release=last_good)
             try:
                 self._ours()
-                self._step("switching current back", self.layout.switch, last_good)
+                if last_good != release:
+                    self._step("switching current back", self.layout.switch, last_good)
+                restored = self._put_back_config(last_good)
                 _started, proof = self.cycle(last_good, prefix="rollback ", strict_drain=False)
-                records.append(entry(release, "rolled back", result.get("figures"), self.source, result["failure"],
-                                     now=self.clock()))
+                self._keep_config(last_good)
+                records.append(entry(release, "rolled back" if last_good != release else "failed",
+                                     result.get("figures"), self.source, result["failure"], now=self.clock(),
+                                     config=config_id))
                 records.append(entry(last_good, PROVED, proof.get("figures"), self._source_of(last_good, ledger),
-                                     "re-proved by a rollback", now=self.clock()))
-                result.update(rollback_proof=proof, outcome=(
-                    "Rolled back: the last good release %s runs again and is proved ready (pid %s, step %s, "
-                    "%s tok/s). The failed release %s stays under %s; the failed start's log is kept%s."
-                    % (last_good, proof.get("main_pid"), proof.get("step"), proof.get("tok_s"), release,
-                       self.releases_dir, " in %s" % self.log_path if self.log_path else "")))
+                                     "re-proved by a rollback", now=self.clock(), config=self._config_id_now()))
+                if last_good == release:
+                    outcome = ("Rolled back: release %s runs again%s and is proved ready (pid %s, step %s, %s tok/s); "
+                               "the failed start's log is kept%s." % (
+                                   release, self._config_said(restored) or " with the configuration it was proved "
+                                   "with (unchanged)", proof.get("main_pid"), proof.get("step"), proof.get("tok_s"),
+                                   " in %s" % self.log_path if self.log_path else ""))
+                else:
+                    outcome = ("Rolled back: the last good release %s runs again%s and is proved ready (pid %s, step "
+                               "%s, %s tok/s). The failed release %s stays under %s; the failed start's log is kept%s."
+                               % (last_good, self._config_said(restored), proof.get("main_pid"), proof.get("step"),
+                                  proof.get("tok_s"), release, self.releases_dir,
+                                  " in %s" % self.log_path if self.log_path else ""))
+                result.update(rollback_proof=proof, outcome=outcome)
             except StepFailed as exc:
                 result.update(rollback_failure=exc.msg, outcome="Rollback to release %s FAILED as well: %s. %s" % (
                     last_good, exc.msg.splitlines()[0], self.steps.unit_state()))
         if not records:
             records.append(entry(release, "failed", result.get("figures"), self.source, result["failure"],
-                                 now=self.clock()))
+                                 now=self.clock(), config=config_id))
         if self.warnings:
             result["warnings"] = list(self.warnings)
             result["outcome"] = "%s (%s)" % (result.get("outcome", ""), "; ".join(self.warnings))
         self._record(result, records)
         self.phase("done")
         return result.to_dict()
+
+    def _config_kept(self, release):
+        try:
+            return self.config is not None and bool(release) and self.config.kept_for(release)
+        except Exception:  # pylint: disable=broad-exception-caught  # unreadable: as if none was kept
+            return False
+
+    def _keep_config(self, release):
+        """After a proof: the configuration in place is the one proved with ``release`` (kept beside
+        last_good). Bookkeeping: a failure is a warning, never a rollback."""
+        if self.config is None:
+            return
+        try:
+            self.config.keep(release)
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            self.warnings.append("could not keep the configuration proved with %s: %s" % (release, _words(exc)))
+
+    def _put_back_config(self, release):
+        """The configuration proved with ``release`` back in place (the files that differ) -> their
+        names ([] when none differ or none was kept)."""
+        if not self._config_kept(release):
+            return []
+        return self._step("restoring the proved configuration", self.config.restore, release) or []
+
+    def _config_said(self, restored):
+        if not restored:
+            return ""
+        return " with the configuration it was proved with (%s restored)" % config_words(restored)
+
+    def _config_id_now(self):
+        """The configuration id of what the next start runs (None: unknown; never raises: bookkeeping)."""
+        try:
+            return self.config_id() if callable(self.config_id) else self.config_id
+        except Exception:  # pylint: disable=broad-exception-caught
+            return None
 
     def _record(self, result, records):
         """The ledger is bookkeeping: failing to write it never changes the verdict (it is said)."""

@@ -32,11 +32,18 @@ from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
     start,
     stop,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._install import change_reasons, install_all
+from ansible_collections.dflash.trainer.plugins.module_utils._config_id import job_config_id
+from ansible_collections.dflash.trainer.plugins.module_utils._install import (
+    ProvedConfig,
+    change_reasons,
+    config_files,
+    install_all,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, play_lease, release
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import run_preflight
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import collision, progress_start
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     _Lock,
     read_current,
@@ -51,9 +58,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
     write_state,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import cut, mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import append_ledger, read_ledger
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import REASON_CHARS, append_ledger, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, done, failed, waiting
 
 
@@ -64,6 +71,10 @@ class Steps(object):
         self.p, self.systemctl, self.nvidia_smi, self.tick = p, systemctl, nvidia_smi, tick
         self.baseline = None
         self.regexes = compile_regexes(p["ready_regex"], p["step_regex"], p["tokps_regex"], p["error_regexes"])
+        why = collision(p)  # the trainer's own progress file is only read: never a file the collection writes
+        if why:
+            raise StepFailed("trainer_progress_path: " + why)
+        self.progress_from = None  # where the progress file ended right before the last start
 
     def stop(self):
         return stop(Runner(self.p["stop_timeout_s"] + STOP_MARGIN_S), self.systemctl, self.p["unit"])
@@ -84,6 +95,8 @@ class Steps(object):
         return purge(self.p["purge_dir"])
 
     def start(self):
+        if self.p.get("progress_path"):  # the trainer is stopped: its progress file ends here
+            self.progress_from = progress_start(self.p["progress_path"])
         return start(Runner(), self.systemctl, self.p["unit"], start_run=Runner(START_TIMEOUT_S))
 
     def prove(self, invocation_id, n_restarts):
@@ -92,7 +105,8 @@ class Steps(object):
         return prove(Runner(deadline=deadline), self.systemctl, self.nvidia_smi, p["unit"], p["log_path"],
                      expectations(invocation_id, n_restarts, p), self.regexes, interval_s=p["interval_s"],
                      tick=self.tick, measure_s=p["measure_s"], extra_regexes=p["measure_regexes"],
-                     baseline=self.baseline)
+                     baseline=self.baseline, progress_path=p.get("progress_path") or None,
+                     progress_from=self.progress_from)
 
     def unit_state(self):
         try:
@@ -102,6 +116,13 @@ class Steps(object):
         if is_running(props):
             return "%s is running (pid %d)" % (self.p["unit"], int_prop(props, "MainPID", 0))
         return "%s is stopped (%s)" % (self.p["unit"], state_words(props))
+
+
+def _cut_reason(e):
+    """A ledger entry whose reason (masked already) is cut to REASON_CHARS: mask first, cut after."""
+    if isinstance(e.get("reason"), str):
+        e["reason"] = cut(e["reason"], REASON_CHARS)
+    return e
 
 
 class Layout(object):
@@ -115,7 +136,9 @@ class Layout(object):
 
     def record(self, entries):
         with _Lock(self.root):
-            append_ledger(self.ledger_path, mask(entries, self.secrets))
+            # a configuration id is a keyed hash, never a value: kept whole (a 3-digit value would mask part of it)
+            append_ledger(self.ledger_path, [_cut_reason(dict(mask(e, self.secrets), **(
+                {"config": e["config"]} if e.get("config") else {}))) for e in entries])
 
     def current(self):
         return read_current(self.root)
@@ -169,7 +192,11 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
     free the lock, record the outcome -> the result (secrets masked). Never raises for a failed
     step or a crash in the cycle: there is always an outcome and a free lock."""
     pid = os.getpid() if pid is None else pid
-    secrets = read_secrets(p["env_file"])
+    # the configuration proved with the last good release, kept beside it and restored with it
+    config = ProvedConfig(p["root"], config_files(p, unit_path=p.get("unit_path") or "/etc/systemd/system/%s.service"
+                                                  % p["unit"], launcher_path=p.get("launcher_path"),
+                                                  env_path=p["env_file"]), Runner(60), systemctl)
+    secrets = sorted(set(read_secrets(p["env_file"])) | set(config.secrets()), key=lambda v: (-len(v), v))
     record = JobRecord(p, pid, secrets)
     record.save()
     # The job takes the lease over from the play (same token, renewed with the job's id and pid in
@@ -183,7 +210,8 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
             job = RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
                              on_phase=record.on_phase, releases_dir=os.path.join(p["root"], "releases"),
                              log_path=p["log_path"], source=p["source"] or None,
-                             min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper)
+                             min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper, config=config,
+                             config_id=lambda: job_config_id(p))
             result = job.run()
     except StepFailed as exc:  # before the cycle (a bad regex): nothing was stopped
         result = JobResult(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg).to_dict()
@@ -209,8 +237,16 @@ def before_start(p, get_bin_path, run, systemctl):
     lock = dict(path=p["lock_path"], token=p["lock_token"], lease_s=p["lock_lease_s"]) if p["lock_path"] else None
     with play_lease(lock):
         if p.get("preflight"):
-            fields["preflight"] = run_preflight(dict(p["preflight"], environment_json=p.get("environment_json") or "{}"),
-                                                get_bin_path)
+            # in the unit's environment: the new unit and environment file when this call installs them,
+            # else the ones in place
+            inst = p.get("install") or {}
+            unit = dict(env_content=p.get("env_content") if inst else None, unit_content=inst.get("unit_content"),
+                        env_path=inst.get("env_path") or p.get("env_file"),
+                        unit_path=inst.get("unit_path") or p.get("unit_path"),
+                        launcher_content=inst.get("launcher_content"),
+                        launcher_path=inst.get("launcher_path") or p.get("launcher_path"))
+            fields["preflight"] = run_preflight(dict(p["preflight"], environment_json=p.get("environment_json") or "{}",
+                                                     unit_files=unit), get_bin_path)
         if p.get("install"):
             fields["install"] = install_all(dict(p["install"], env_content=p.get("env_content") or ""), run, systemctl)
     p["reasons"] = list(p["reasons"]) + [r for r in change_reasons(fields.get("install")) if r not in p["reasons"]]

@@ -13,6 +13,12 @@ On the target the values are read back from the environment file the role wrote
 (``PYTHONUNBUFFERED``, ``TORCHINDUCTOR_CACHE_DIR``) are not secrets. Values shorter than
 ``MIN_SECRET_LEN`` characters are not masked: masking ``1`` would rewrite every number in a log
 and hide nothing a guess would not find.
+
+Mask first, cut after: ``cut(text, n, secrets)`` masks, then shortens (the ledger's reason, a log
+line in a message). A text that was cut before it reached ``mask`` may end (or begin) inside a
+secret; so ``mask`` also masks every piece of at least ``PARTIAL_MIN`` characters that begins or
+ends a secret (``hf_abcdefgh…`` cut after 9 characters): what a cut elsewhere can leak is bounded
+to fewer than ``PARTIAL_MIN`` characters of a value.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import re
 
 MASK = "***"
 MIN_SECRET_LEN = 3
+# a piece of a secret this long, at its start or its end, is masked too (a cut text)
+PARTIAL_MIN = 8
 # the role's own entries of the environment file: never secrets
 NOT_SECRET = frozenset(("PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR"))
 _LINE_RE = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*$')
@@ -57,12 +65,56 @@ def mask(obj, secrets):
         for value in secrets:
             if value in obj:
                 obj = obj.replace(value, MASK)
+        for value in secrets:
+            if len(value) > PARTIAL_MIN:
+                obj = _mask_pieces(obj, value)
         return obj
     if isinstance(obj, dict):
         return dict((mask(k, secrets), mask(v, secrets)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
         return type(obj)(mask(v, secrets) for v in obj)
     return obj
+
+
+def _mask_pieces(text, value):
+    """Mask each run of ``text`` that is the first (or last) ``PARTIAL_MIN`` or more characters of
+    ``value``: what is left of a secret where a text was cut inside it."""
+    head, tail = value[:PARTIAL_MIN], value[-PARTIAL_MIN:]
+    spans = []
+    at = text.find(head)
+    while at >= 0:
+        end = at + PARTIAL_MIN
+        while end < len(text) and end - at < len(value) and text[end] == value[end - at]:
+            end += 1
+        spans.append((at, end))
+        at = text.find(head, at + 1)
+    at = text.find(tail)
+    while at >= 0:
+        start, end = at, at + PARTIAL_MIN
+        k = len(value) - PARTIAL_MIN  # value[k:] == tail
+        while start > 0 and k > 0 and text[start - 1] == value[k - 1]:
+            start, k = start - 1, k - 1
+        spans.append((start, end))
+        at = text.find(tail, at + 1)
+    if not spans:
+        return text
+    spans.sort()
+    out, pos = [], 0
+    for start, end in spans:
+        if end <= pos:
+            continue
+        start = max(start, pos)
+        out.append(text[pos:start])
+        out.append(MASK)
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def cut(text, limit, secrets=(), more=""):
+    """``text`` masked, then cut to ``limit`` characters (``more`` appended when it was cut)."""
+    text = mask(text, secrets) if secrets else text
+    return text if len(text) <= limit else text[:limit] + more
 
 
 def read_secrets(path):

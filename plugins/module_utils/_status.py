@@ -20,7 +20,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._lock import REFUSE
 from ansible_collections.dflash.trainer.plugins.module_utils._log_file import read_start
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import memory_by_index
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, observe, problems
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, PROGRAM, observe, problems
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import outcome_words
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_reasons import restart_reasons
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
@@ -61,7 +61,8 @@ def ownership_problems(owned, look=observe):
     targets = []
     for item in owned or []:
         variable, kind, path = item.get("variable"), item.get("kind"), item.get("path")
-        if kind not in KINDS or not isinstance(path, str) or not path.startswith("/"):
+        # a program may be a name, looked up on the target (_ownership.program_item)
+        if kind not in KINDS or not isinstance(path, str) or not (path.startswith("/") or kind == PROGRAM and path):
             return ["%s: the role passed an unknown kind %r or a relative path" % (variable, kind)]
         targets.append((variable, kind, look(path, kind)))
     return ["%s: %s" % (variable, why) for variable, why in problems(targets)]

@@ -7,10 +7,12 @@ unit-tested; the ledger's file I/O is two small functions).
 The proof's window (and, when ``trainer_measure_s`` is longer, the seconds after it) gives the
 tok/s samples of this start: median, p10, p90, their number, plus any figure the user names by
 regex. The ledger (``<trainer_root>/ledger.json``, written atomically, the last ``LEDGER_KEEP``
-entries) keeps per release: id, time, source (git commit + dirty, or content hash), verdict
-(proved / failed: reason / rolled back) and figures. ``compare`` puts a new measurement beside the
-previous good release's and the best one; ``gate`` refuses one below ``min_ratio`` of the
-previous good release.
+entries) keeps per experiment - a release and a configuration: release id, configuration id (a
+keyed hash of the trainer's command and environment, ``_config_id``; absent in entries written
+before it), time, source (git commit + dirty, or content hash), verdict (proved / failed: reason /
+rolled back) and figures. ``compare`` puts a new measurement beside the entry before it that was
+proved (whichever release and configuration it ran: ``previous_proved``) and the best one;
+``gate`` refuses one below ``min_ratio`` of it when it ran another release.
 
 Figures are read as people write them (``parse_figure``): ``12.4K``, ``12,400``, ``1.2e4`` are all
 12400.0; every reader of a figure (tok/s, the user's named figures, the step counter) reads it
@@ -132,12 +134,21 @@ def pct_change(new, old):
     return (new - old) / old * 100.0
 
 
-def previous_good(ledger, release):
-    """The latest proved entry of another release (the one this release is compared with)."""
-    for entry in reversed(ledger or []):
-        if entry.get("verdict") == PROVED and entry.get("release") != release and _median(entry) is not None:
-            return entry
+def previous_proved(ledger):
+    """The entry before this one in time that was proved with a tok/s median, whichever release and
+    configuration it ran: what a new measurement is compared with (an experiment that changed only
+    the command or the environment is compared with the configuration before it, not with itself)."""
+    for e in reversed(ledger or []):
+        if e.get("verdict") == PROVED and _median(e) is not None:
+            return e
     return None
+
+
+def previous_good(ledger, release):
+    """The bar of the throughput gate for ``release``: the previous proved entry when it ran another
+    release, else None (the gate judges a change of code; a rollback brings back a release)."""
+    prev = previous_proved(ledger)
+    return prev if prev is not None and prev.get("release") != release else None
 
 
 def best(ledger):
@@ -149,11 +160,38 @@ def _median(entry):
     return ((entry or {}).get("figures") or {}).get("tok_s", {}).get("median")
 
 
-def compare(figures, ledger, release, source=None):
-    """The comparison of this release's figures with the previous good release and the best:
-    a dict with the words of the deploy's last line."""
+def config_of(e):
+    """The configuration id of a ledger entry; None for an entry written before configurations were
+    recorded (an unknown configuration)."""
+    cid = (e or {}).get("config")
+    return cid if isinstance(cid, str) and cid else None
+
+
+def config_name(cid):
+    """"1a2b3c4d", or "unknown" for an entry without a configuration id."""
+    return cid or "unknown"
+
+
+def what_changed(release, config, prev):
+    """In words, what differs between (release, config) and the ledger entry ``prev``: "code changed",
+    "command or environment changed", "code, command or environment changed", "nothing changed";
+    with an unknown configuration on either side, only what is known."""
+    code = release != prev.get("release")
+    prev_config = config_of(prev)
+    if config is None or prev_config is None:
+        return ("code changed" if code else "same code") + "; configuration not recorded" + (
+            "" if config is None else " before")
+    if config != prev_config:
+        return "code, command or environment changed" if code else "command or environment changed"
+    return "code changed" if code else "nothing changed"
+
+
+def compare(figures, ledger, release, source=None, config=None):
+    """The comparison of this release's figures (run with configuration ``config``) with the entry
+    before it that was proved (``previous_proved``) and the best: a dict with the words of the
+    deploy's last line."""
     tok = (figures or {}).get("tok_s") or {}
-    prev = previous_good(ledger, release)
+    prev = previous_proved(ledger)
     top = best(ledger)
     median = tok.get("median")
     words = "release %s%s: %s tok/s (median of %d samples over %s s)" % (
@@ -167,20 +205,32 @@ def compare(figures, ledger, release, source=None):
         words += " — previous %s: %s (%s)" % (
             prev.get("release"), short_k(_median(prev)),
             "%+.0f%%" % change if change is not None else "n/a")
+        if config is not None or config_of(prev) is not None:
+            words += ", config %s vs %s (%s)" % (config_name(config), config_name(config_of(prev)),
+                                                what_changed(release, config, prev))
     else:
         words += " — no previous good release measured"
+        if config is not None:
+            words += ", config %s" % config
     best_median = max(_median(top), median or 0) if top is not None else median
     if best_median is not None:
         words += ", best %s" % short_k(best_median)
-    return {"words": words, "median": median,
+    return {"words": words, "median": median, "release": release, "config": config,
             "previous_release": prev.get("release") if prev else None,
+            "previous_config": config_of(prev), "previous_at": prev.get("at") if prev else None,
             "previous_median": _median(prev), "change_pct": None if change is None else round(change, 1),
             "best_median": best_median}
 
 
 def gate(comparison, min_ratio):
-    """Words of a refusal when the median is below min_ratio of the previous good release's, else None."""
+    """Words of a refusal when the median is below min_ratio of the previous proved entry's, else None.
+
+    The gate judges a change of code only: when the previous proved entry ran the same release (an
+    experiment with the command or the environment, a restart), there is no other release to roll
+    back to, so the comparison is said and never refused here."""
     if not min_ratio or comparison.get("previous_median") in (None, 0) or comparison.get("median") is None:
+        return None
+    if comparison.get("release") is not None and comparison.get("release") == comparison.get("previous_release"):
         return None
     ratio = comparison["median"] / comparison["previous_median"]
     if ratio >= min_ratio:
@@ -191,14 +241,23 @@ def gate(comparison, min_ratio):
                 short_k(comparison["previous_median"]), min_ratio * 100))
 
 
-def entry(release, verdict, figures=None, source=None, reason=None, now=None):
+def entry(release, verdict, figures=None, source=None, reason=None, now=None, config=None):
+    """A ledger entry: ``config`` is the configuration id (``_config_id``: a keyed hash of the command
+    and the environment, never a value) - kept when known, absent when not."""
     now = time.time() if now is None else now
     out = {"release": release, "time": round(now, 3),
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
            "source": source, "verdict": verdict, "figures": figures or {}}
+    if config:
+        out["config"] = config
     if reason:
-        out["reason"] = reason.splitlines()[0][:500]
+        # its first line, whole: the writer masks it, then cuts it to REASON_CHARS (a cut before the
+        # mask could leave the start of a secret; _restart_steps.Layout.record)
+        out["reason"] = reason.splitlines()[0]
     return out
+
+
+REASON_CHARS = 500
 
 
 def read_ledger(path):
@@ -320,24 +379,55 @@ def health(ledger, release, running, started_at=None, n_restarts=0, now=None, st
     return out
 
 
-def history_rows(ledger, running=None, current=None, limit=10):
-    """The last ``limit`` entries, newest first, as rows for a table (release, at, verdict, median,
-    p10, p90, n, source, marks: running / current)."""
+# The history table's header, its columns as history_line writes them (the role's history task and
+# the CLI print it above the lines).
+HISTORY_HEADER = "%-16s  %-8s  %-20s  %-12s  %-25s  %s" % (
+    "RELEASE", "CONFIG", "WHEN", "VERDICT", "TOK/S MEDIAN (P10-P90, N)", "SOURCE")
+
+
+def history_rows(ledger, running=None, current=None, limit=10, running_config=None):
+    """The last ``limit`` entries, newest first, as rows for a table (release, config, at, verdict,
+    median, p10, p90, n, source, vs: the comparison with the entry before it that was proved, marks:
+    running / current). An experiment - the same release with another command or environment - is a
+    row of its own; ``running_config`` (the configuration installed on the target, when known) puts
+    the running mark on the rows of that configuration only."""
     rows = []
-    for e in reversed((ledger or [])[-limit:]):
+    entries = list(ledger or [])
+    first = max(0, len(entries) - limit)
+    for i in range(len(entries) - 1, first - 1, -1):
+        e = entries[i]
         tok = (e.get("figures") or {}).get("tok_s") or {}
-        marks = [m for m, rid in (("running", running), ("current", current)) if rid and rid == e.get("release")]
-        rows.append({"release": e.get("release"), "at": e.get("at"), "verdict": e.get("verdict"),
+        config = config_of(e)
+        marks = [m for m, rid in (("running", running), ("current", current)) if rid and rid == e.get("release")
+                 and not (m == "running" and running_config and config != running_config)]
+        rows.append({"release": e.get("release"), "config": config, "at": e.get("at"), "verdict": e.get("verdict"),
                      "reason": e.get("reason"), "median": tok.get("median"), "p10": tok.get("p10"),
                      "p90": tok.get("p90"), "n": tok.get("n"), "source": e.get("source"),
                      "marks": marks, "extra": {k: v for k, v in (e.get("figures") or {}).items() if k != "tok_s"},
-                     "died": died_words(e)})
+                     "died": died_words(e), "vs": vs_previous(entries[:i], e)})
         rows[-1]["line"] = history_line(rows[-1])
     return rows
 
 
+def vs_previous(before, e):
+    """An entry against the entry before it that was proved (``previous_proved``): {release, config,
+    median, change_pct, words} - words such as "config 1a2b3c4d vs 9f8e7d6c: -12% (command or
+    environment changed)" - or None when nothing before it was proved or it has no figure."""
+    prev = previous_proved(before)
+    median = _median(e)
+    if prev is None or median is None:
+        return None
+    change = pct_change(median, _median(prev))
+    return {"release": prev.get("release"), "config": config_of(prev), "median": _median(prev),
+            "change_pct": None if change is None else round(change, 1),
+            "words": "config %s vs %s: %s (%s)" % (
+                config_name(config_of(e)), config_name(config_of(prev)),
+                "%+.0f%%" % change if change is not None else "n/a",
+                what_changed(e.get("release"), config_of(e), prev))}
+
+
 def history_line(row):
-    """One line of the history table for a row of ``history_rows``."""
+    """One line of the history table for a row of ``history_rows`` (columns: ``HISTORY_HEADER``)."""
     tok = "%s (%s-%s, %s)" % (short_k(row.get("median")), short_k(row.get("p10")), short_k(row.get("p90")),
                               row.get("n") if row.get("n") is not None else "?")
     verdict = row.get("verdict") or "?"
@@ -346,5 +436,7 @@ def history_line(row):
     if row.get("died"):
         reason += "  [%s]" % row["died"]
     extra = "".join("  %s=%s" % (k, (v or {}).get("median")) for k, v in sorted((row.get("extra") or {}).items()))
-    return "%-16s  %-20s  %-12s  %-25s  %s%s%s%s" % (
-        row.get("release") or "?", row.get("at") or "?", verdict, tok, row.get("source") or "-", extra, marks, reason)
+    vs = "  (%s)" % row["vs"]["words"] if isinstance(row.get("vs"), dict) and row["vs"].get("words") else ""
+    return "%-16s  %-8s  %-20s  %-12s  %-25s  %s%s%s%s%s" % (
+        row.get("release") or "?", row.get("config") or "?", row.get("at") or "?", verdict, tok,
+        row.get("source") or "-", extra, vs, marks, reason)

@@ -32,6 +32,9 @@ MARKER_RE = re.compile(r"^==> dflash\.trainer start (?P<fields>.*)<==\s*$")
 # tokens per second (not tok/s/gpu, not ktok/s).
 _TOKPS_UNIT = r"(?<![A-Za-z])tok(?:en)?s?(?:/s(?:ec)?|\s+per\s+sec(?:ond)?)"
 # A line with a throughput figure (tok/s, tokens/s, tok/sec, tokens per second; not tokens/sample).
+# With this default (and only with it) a line that carries the training counter also counts as a
+# ready line while no line of this start matched it: most trainers print no tok/s (Megatron-LM,
+# DeepSpeed, nanoGPT, HF Trainer) or name it otherwise (TorchTitan's "tps:"); see LogAnalysis.
 DEFAULT_READY_REGEX = r"tok(?:en)?s?/s(?:ec)?\b|tokens? per sec"
 # The progress counter, in the trainers' words (the first group that takes part is the value):
 #   step 5, Step: 5, global_step=5, global step 5, iter 5, iteration 5, batch 5, it=5, step [5/100]
@@ -47,13 +50,15 @@ DEFAULT_STEP_REGEX = " ".join((
     r"|\[\s*(\d+)\s*/\s*\d+\s*\]",
     r"|(?<![\w./:])(\d+)(?:/\d+|it)\s+\[\d+:\d)",
 ))
-# The throughput figure, after the unit (tok/s=12.4K, tokens/s: 12,400) or before it (12.4K tok/s,
-# throughput 1.2e4 tok/s); a number followed by the unit and then "=" belongs to what comes
-# before it (step=3 tok/s=41250.3 is 41250.3, not 3).
+# The throughput figure, after the unit (tok/s=12.4K, tokens/s: 12,400, TorchTitan's tps: 12,345)
+# or before it (12.4K tok/s, throughput 1.2e4 tok/s); a number followed by the unit and then "="
+# belongs to what comes before it (step=3 tok/s=41250.3 is 41250.3, not 3).
 _TOKPS_FIGURE = "(" + FIGURE + r")(?!\w|\.\d)"
 DEFAULT_TOKPS_REGEX = " ".join((
     r"(?x)(?=[t\d])(?:",
     _TOKPS_UNIT + r"(?![\w/])(?:\s*[=:])?\s*",
+    _TOKPS_FIGURE,
+    r"|(?<![A-Za-z_])tps(?:[ \t]*[=:])?[ \t]*",
     _TOKPS_FIGURE,
     r"|(?<![\w.,])" + _TOKPS_FIGURE,
     r"\s*" + _TOKPS_UNIT + r"(?![\w/])(?!(?:\s*[=:])?\s*\d))",
@@ -61,8 +66,8 @@ DEFAULT_TOKPS_REGEX = " ".join((
 DEFAULT_ERROR_REGEXES = (
     r"Traceback \(most recent call last\)",
     r"CUDA out of memory",
-    r"NCCL error",
     r"OutOfMemoryError",
+    r"NCCL error",
 )
 
 # The exception's name, then (``_REASON_MSG_RE``, from where the name ends) ": <message>". One
@@ -134,9 +139,55 @@ def _compile(regex):
 
 
 MAX_VALUES = 100000
+# how much of a line the regexes read (the launcher's metrics read as much)
+MATCH_CHARS = 4096
 MAX_PROBLEMS = 5
+MAX_SERIES = 16
 # "5/100" right after a step value: the counter's total (a tqdm bar, "[5/100]", "step 5/100")
 _TOTAL_RE = re.compile(r"[ \t]*/[ \t]*(\d+)")
+
+# Terminal escape sequences: CSI ("\x1b[31m", tqdm's "\x1b[A"), OSC ("\x1b]0;title\x07"; one
+# without its end runs to the next escape or the line's end), and the two-character ones. Each
+# part is linear (no two quantifiers over the same characters side by side).
+ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]?|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\^_`-~]?)"
+                     r"|\x9b[0-?]*[ -/]*[@-~]?")
+
+# Words that name a counter beside the training: a loading, download, map, tokenizing, evaluation,
+# validation, sanity-check, test, prediction or checkpoint-saving bar or line. A counter named so
+# ("Loading checkpoint shards: 2/5 [", "Validation DataLoader 0: 4/10 [", "validate step: 2",
+# "validation loss at iteration 100") is never the one the proof follows. A word counts when it
+# begins with one of these stems ("Loading", "Downloading" and "evaluation" do; "latest" does not).
+ASIDE_STEMS = ("load", "download", "fetch", "map", "shard", "checkpoint", "sav", "eval", "valid",
+               "sanity", "test", "predict", "infer", "tokeniz", "preprocess", "filter", "generat",
+               "convert", "compil", "extract", "upload", "split", "resolv")
+_WORD_RE = re.compile(r"[A-Za-z]+")
+_PREFIX_CHARS = 120   # how far before a counter its name (a tqdm description) is looked for
+_STEP_FORM_WORDS = 3  # the words right before "step N" that can name it aside ("validate step: 2")
+
+# A line that LOOKS like training progress: one of these words with a number right beside it
+# ("loss 2.31", "'loss': 1.23", "step:  2", "iteration        2/", "5.00it/s", "12.4K tok/s"), whatever
+# the configured regexes read from it (the Judge's early word names it). A number elsewhere in the
+# line does not count: Megatron's "[before the start of training step] datetime: 2026-12-01 …" is
+# not progress, and the early word must never fire on it.
+_PROGRESS_WORD = (r"(?<![a-z])(?:loss|lr|learning[ _]rate|grad[ _]?norm|tok(?:en)?s?/s(?:ec)?|tokens?"
+                  r"|tps|it/s|s/it|samples?(?:/s(?:ec)?)?|iter(?:ation)?s?|steps?|global[ _]step|epochs?|ppl"
+                  r"|mfu|tflops|flops)(?![a-z])")
+PROGRESS_LIKE_RE = re.compile(
+    r"(?i)(?=[lgtisepmf])" + _PROGRESS_WORD + r"['\"]?[ \t]{0,16}[:=#]?[ \t]{0,16}\[?[ \t]{0,4}[-+]?\.?\d"
+    r"|(?<![\w.])\d[\d.,]{0,20}[kKMG]?[ \t]?" + _PROGRESS_WORD)
+_DIGIT_RE = re.compile(r"\d")
+
+
+def strip_ansi(line):
+    """``line`` without terminal escape sequences (colours, cursor moves, titles)."""
+    if "\x1b" not in line and "\x9b" not in line:
+        return line
+    return ANSI_RE.sub("", line)
+
+
+def is_aside_word(word):
+    word = word.lower()
+    return any(word.startswith(stem) for stem in ASIDE_STEMS)
 
 
 def _bounded_append(values, value):
@@ -157,27 +208,119 @@ def step_value(match):
     return int(value), int(total.group(1)) if total else None, None
 
 
+def counter_identity(match, total):
+    """(words, total, aside) of the counter a step regex match read: its words are those of the
+    match before the figure ("step", "global_step", "iteration"), or, when the match has none (a
+    tqdm bar, "[5/100]"), the words of the line before it (the bar's description, numbers left
+    out: "Epoch 0" and "Epoch 1" are one counter). ``aside``: the counter is named as a loading,
+    evaluation ... counter (see ``ASIDE_STEMS``)."""
+    line = match.string
+    start = match.start()
+    own = _WORD_RE.findall(line[start:match.start(figure_group(match))])
+    before = _WORD_RE.findall(line[max(0, start - _PREFIX_CHARS):start])
+    if own:
+        words = tuple(w.lower() for w in own)
+        aside = any(is_aside_word(w) for w in own + before[-_STEP_FORM_WORDS:])
+    else:
+        words = tuple(w.lower() for w in before[-8:])
+        aside = any(is_aside_word(w) for w in before)
+    return words, total, aside
+
+
+def looks_like_progress(line):
+    """True for a line with a progress word (loss, lr, grad_norm, tok/s, tps, it/s, samples,
+    iteration, step, epoch ...) and a number, that does not name a loading or evaluation counter."""
+    if not _DIGIT_RE.search(line) or not PROGRESS_LIKE_RE.search(line):
+        return False
+    return not any(is_aside_word(w) for w in _WORD_RE.findall(line[:_PREFIX_CHARS]))
+
+
+class _Series(object):
+    """One counter's values (see ``counter_identity``): its own epochs (a bar that starts again
+    after reaching its total goes on from the total so far), its high, how many times it rose."""
+
+    def __init__(self, key, seen_at):
+        self.key = key
+        self.total = key[1]
+        self.aside = key[2]
+        self.throughput = False   # a line of this counter carried a throughput figure
+        self.offset = 0
+        self.last_step = None
+        self.value = None
+        self.high = None
+        self.rises = 0
+        self.first_at = seen_at
+        self.last_at = seen_at
+
+    def take(self, step, seen_at):
+        if (self.last_step is not None and step < self.last_step and self.total is not None
+                and self.last_step >= self.total):
+            self.offset += self.total  # the bar was complete: the next one (epoch) begins
+        self.value = self.offset + step
+        if self.high is None or self.value > self.high:
+            self.high = self.value
+            self.rises += 1
+        self.last_step = step
+        self.last_at = seen_at
+        return self.value
+
+    @property
+    def finished(self):
+        """A bar at its total (it may still start again: the next epoch)."""
+        return self.total is not None and self.last_step is not None and self.last_step >= self.total
+
+
+def _follows_better(new, old):
+    """True when counter ``new`` (which just rose) is the training counter rather than ``old``,
+    the one followed so far: a counter that carries throughput beats one that does not; then a
+    counter without a total (step/iteration lines) beats a bar that ran to its total; then a
+    counter that rose more often beats a counter without a total that has not moved since it
+    began (nanoGPT's "step 0: train loss" before its "iter N" lines)."""
+    if new.aside:
+        return False
+    if old.aside:
+        return True
+    if new.throughput != old.throughput:
+        return new.throughput
+    if old.finished and new.total is None and new.rises >= 1 and new.first_at > old.last_at - 1:
+        return True
+    return old.total is None and old.last_at < new.first_at and new.rises > old.rises
+
+
 class LogAnalysis(object):
-    """What one start's lines show, built line by line.
+    """What one start's lines show, built line by line. Terminal escape sequences are taken out
+    of every line before anything reads it (and in what the tail shows).
 
-    ready_line: the last line matching the ready pattern; steps: distinct increasing progress
-    values (each greater than every one before); last_step: the latest step value as written;
-    went_back: (from, to) when the latest step value read is below the one before it and no new
-    high came since (the trainer restarted inside; another counter with the same words); tok_s:
-    the latest readable tok/s; tokps_values / extra_values: every figure read (None for one that
-    could not be read); problems: the first ``MAX_PROBLEMS`` figures or steps that could not be
-    read, in words; errors: (pattern, line) hits; reason: see ``reason_line``; tail(n).
+    ready_line: the last line matching the ready pattern (with the DEFAULT ready pattern, while no
+    line matched it, also a line of the training counter: see below); steps: distinct increasing
+    progress values of the training counter (each greater than every one before); last_step: its
+    latest step value as written; went_back: (from, to) when the latest step value read is below
+    the one before it and no new high came since (the trainer restarted inside); tok_s: the latest
+    readable tok/s; tokps_values / extra_values: every figure read (None for one that could not be
+    read); problems: the first ``MAX_PROBLEMS`` figures or steps that could not be read, in words;
+    errors: (pattern, line) hits; reason: see ``reason_line``; tail(n); progress_like_line /
+    progress_like_at: the first line that looks like training progress (see
+    ``looks_like_progress``) and ``line_count`` then, whatever the regexes read from it (None until
+    one came); last_progress_like_line: the latest such line.
 
-    A counter with a total ("5/100": tqdm, "[5/100]") that starts again after reaching its total
-    (the next epoch's bar) goes on counting: its progress value is the total so far plus the step.
-    A value with another total than the first one read (an evaluation bar between training
-    bars) is another counter and does not count as progress.
+    The training counter. Each step value read belongs to a counter named by its words and total
+    (``counter_identity``): a loading bar, an evaluation bar and the training bar are three
+    counters. The analysis follows one: the first one read that is not named as a loading or
+    evaluation counter, replaced by a counter that rises and is the training counter rather than it
+    (``_follows_better``: it carries throughput; or it has no total while the one followed ran to its
+    total and stopped). When the followed counter changes, the new one's values continue above the
+    highest value so far (its next rise is progress; the switch itself is not). A counter with a
+    total that starts again after reaching its total (the next epoch's bar) goes on counting: its
+    progress value is the total so far plus the step. Another counter (an evaluation bar between
+    training bars) does not count as progress.
     """
 
     def __init__(self, ready_regex=DEFAULT_READY_REGEX, step_regex=DEFAULT_STEP_REGEX,
                  tokps_regex=DEFAULT_TOKPS_REGEX, error_regexes=DEFAULT_ERROR_REGEXES,
                  keep_lines=DEFAULT_KEEP_LINES, marker=None, extra_regexes=None):
         self.ready_re = _compile(ready_regex)
+        # the default ready pattern also takes a line of the training counter (see the class doc)
+        self.counter_ready = self.ready_re.pattern == DEFAULT_READY_REGEX
         # every tok/s value and every value of the user's named figures, in order (bounded):
         # the measurement of a release reads them
         self.tokps_values = []
@@ -191,35 +334,64 @@ class LogAnalysis(object):
         self.line_count = 0
         self.ready_line = None
         self.ready_count = 0
+        self.ready_matched = False  # a line matched the ready pattern itself
         self.steps = []
         self.last_step = None
         self.went_back = None
         self.tok_s = None
         self.progress_line = None
+        self.progress_like_line = None
+        self.progress_like_at = None
+        self.last_progress_like_line = None
         self.problems = []
         self.errors = []
         self._last_reason = None
         self._last_nonempty = None
-        self._total = None        # the total of the counter that counts as progress (None: none)
-        self._offset = 0          # totals of the bars completed before the current one
-        self._last_value = None   # the last progress value (offset + step)
+        self._series = collections.OrderedDict()  # identity -> _Series, least recently seen first
+        self._followed = None     # the _Series the proof follows (None: none yet)
+        self._base = 0            # added to the followed counter's values (see the class doc)
+        self._last_value = None   # the last progress value presented
 
     def _problem(self, what, words, line):
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append("%s: %s in line %r" % (what, words, line[:200]))
 
-    def _step(self, step, total):
-        """Take a step value; False when it belongs to another counter."""
-        if self.steps and total != self._total:
-            return False  # another counter (an evaluation bar beside the training bar)
-        if not self.steps:
-            self._total = total
-        last = self.last_step
-        if last is not None and step < last and total is not None and last >= total:
-            self._offset += total  # the bar was complete: the next one (epoch) begins
-        value = self._offset + step
+    @property
+    def counter(self):
+        """(words, total) of the counter followed, or None."""
+        return None if self._followed is None else self._followed.key[:2]
+
+    def _series_for(self, key):
+        series = self._series.get(key)
+        if series is None:
+            series = _Series(key, self.line_count)
+            self._series[key] = series
+            if len(self._series) > MAX_SERIES:
+                for old in list(self._series):
+                    if self._series[old] is not self._followed:
+                        del self._series[old]
+                        break
+        else:
+            self._series.move_to_end(key)
+        return series
+
+    def _step(self, match, step, total, throughput):
+        """Take a step value; True when it belongs to the counter followed."""
+        series = self._series_for(counter_identity(match, total))
+        if throughput:
+            series.throughput = True
+        value = series.take(step, self.line_count)
+        if series is not self._followed:
+            if series.aside or (self._followed is not None and not _follows_better(series, self._followed)):
+                return False
+            # follow this counter from here: it continues at the highest value so far
+            self._followed = series
+            self._base = max(0, self.steps[-1] - value) if self.steps else 0
+            self._last_value = None
+            self.went_back = None
+        value += self._base
         if self._last_value is not None and value < self._last_value and self.went_back is None:
-            self.went_back = (last, step)  # the first drop since the last high names it
+            self.went_back = (self.last_step, step)  # the first drop since the last high names it
         if not self.steps or value > self.steps[-1]:
             _bounded_append(self.steps, value)
             self.went_back = None
@@ -228,26 +400,35 @@ class LogAnalysis(object):
         return True
 
     def add(self, line):
-        line = line.rstrip("\r\n")
+        line = strip_ansi(line.rstrip("\r\n"))
         self.lines.append(line)
         self.line_count += 1
+        # the user's regexes see at most MATCH_CHARS of a line (as the launcher's metrics do): a
+        # regex slow on long input costs a bounded time per line (the controller refuses the
+        # catastrophic ones before any change: _validate)
+        line = line[:MATCH_CHARS]
         if line.strip():
             self._last_nonempty = line.strip()
         if is_reason_line(line):
             self._last_reason = line.strip()
+        ready = False
         if self.ready_re.search(line):
-            self.ready_line = line
-            self.ready_count += 1
+            ready = self.ready_matched = True
+        tokps = self.tokps_re.search(line)
         m = self.step_re.search(line)
         if m:
             step, total, problem = step_value(m)
             if problem is not None:
                 self._problem("step", problem, line)
-            elif self._step(step, total):
+            elif self._step(m, step, total, tokps is not None):
                 self.progress_line = line
-        m = self.tokps_re.search(line)
-        if m:
-            value, problem = read_figure(m)
+                if self.counter_ready and not self.ready_matched:
+                    ready = True
+        if ready:
+            self.ready_line = line
+            self.ready_count += 1
+        if tokps:
+            value, problem = read_figure(tokps)
             if problem is not None:
                 self._problem("tok/s", problem, line)
             else:
@@ -265,6 +446,11 @@ class LogAnalysis(object):
             if rx.search(line):
                 self.errors.append((rx.pattern, line))
                 break
+        if looks_like_progress(line):
+            if self.progress_like_line is None:
+                self.progress_like_line = line
+                self.progress_like_at = self.line_count
+            self.last_progress_like_line = line
 
     def extend(self, lines):
         for line in lines:

@@ -16,11 +16,16 @@ status read returned, still before any change.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import posixpath
 import re
+import select
 import stat
+import subprocess
+import sys
+import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
@@ -47,6 +52,16 @@ UNIT_ACCEPTED = ("a unit name of letters, digits and _ . : - (no '/', '@', space
 _UNIT_SUFFIXES = (".service", ".socket", ".target", ".timer", ".mount", ".path", ".slice", ".scope",
                   ".device", ".swap", ".automount")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# environment names the unit, systemd and the launcher set or read: a trainer_env entry of one
+# would hide this start from the proof (INVOCATION_ID) or break the unit (NOTIFY_SOCKET, LISTEN_*)
+RESERVED_ENV = frozenset(("INVOCATION_ID", "NOTIFY_SOCKET", "MAINPID", "MANAGERPID", "JOURNAL_STREAM",
+                          "SYSTEMD_EXEC_PID", "WATCHDOG_PID", "WATCHDOG_USEC", "TRIGGER_UNIT", "TRIGGER_PATH",
+                          "TRIGGER_TIMER_REALTIME_USEC", "TRIGGER_TIMER_MONOTONIC_USEC", "RUNTIME_DIRECTORY",
+                          "STATE_DIRECTORY", "CACHE_DIRECTORY", "LOGS_DIRECTORY", "CONFIGURATION_DIRECTORY",
+                          "CREDENTIALS_DIRECTORY", "EXIT_CODE", "EXIT_STATUS", "SERVICE_RESULT", "MONITOR_SERVICE_RESULT",
+                          "PIDFILE", "REMOTE_ADDR", "REMOTE_PORT", "TORCHINDUCTOR_CACHE_DIR"))
+# (PYTHONUNBUFFERED is not among them: the role sets it to 1 unless trainer_env sets it)
+RESERVED_ENV_PREFIXES = ("DFLASH_", "LISTEN_", "MONITOR_", "SYSTEMD_", "NOTIFY_")
 ENV_VALUE_MAX = 32 * 1024
 ENV_TOTAL_MAX = 256 * 1024
 _RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -66,7 +81,7 @@ _NUMBERS = (
     ("trainer_drain_max_mib", 0, 16 * 1024 * 1024, "MiB"),
     ("trainer_drain_timeout_s", 1, SECONDS_MAX, "s"),
     ("trainer_gpu_min_mib", 1, 16 * 1024 * 1024, "MiB"),
-    ("trainer_ready_min_steps", 0, 1000000, "steps"),
+    ("trainer_ready_min_steps", 1, 1000000, "steps"),
     ("trainer_ready_hold_s", 0.1, SECONDS_MAX, "s"),
     ("trainer_ready_stall_s", 0.1, SECONDS_MAX, "s"),
     ("trainer_ready_timeout_s", 1, SECONDS_MAX, "s"),
@@ -333,6 +348,188 @@ def _regex_problems(v):
     return problems
 
 
+# -- regexes that can hang the job ---------------------------------------------------------------
+# The launcher and the restart job match each log line against the user's regexes (search) with
+# the first REGEX_LINE_CHARS characters of the line only; a regex is refused here when one search
+# on one adversarial line of that length takes longer than REGEX_LINE_BUDGET_S. The matching runs
+# in a child process that the controller kills at the budget (a catastrophic pattern never returns:
+# no thread, alarm or check inside the matcher's own process can stop it).
+REGEX_LINE_CHARS = 4096   # = the launcher's MATCH_CHARS
+REGEX_LINE_BUDGET_S = 0.5
+REGEX_START_S = 5.0       # the child's own start (python3 -I -S), on a busy controller
+_CHILD = r"""
+import json, re, sys, time
+items = json.loads(sys.stdin.read())
+compiled = [re.compile(rx) for rx, _lines in items]
+sys.stdout.write("go\n")
+sys.stdout.flush()
+for i, (rx, lines) in enumerate(items):
+    for j, line in enumerate(lines):
+        t0 = time.perf_counter()
+        compiled[i].search(line)
+        sys.stdout.write("%d %d %.6f\n" % (i, j, time.perf_counter() - t0))
+        sys.stdout.flush()
+"""
+
+try:  # the regex parser (Python >= 3.11: re._parser; before: sre_parse)
+    from re import _parser as _sre_parse
+except ImportError:  # pragma: no cover
+    import sre_parse as _sre_parse  # pylint: disable=deprecated-module
+
+_CATEGORY_SAMPLE = {"CATEGORY_DIGIT": "0", "CATEGORY_NOT_DIGIT": "a", "CATEGORY_SPACE": " ",
+                    "CATEGORY_NOT_SPACE": "a", "CATEGORY_WORD": "a", "CATEGORY_NOT_WORD": " "}
+
+
+def _samples(parsed, chars, runs):
+    """Characters the pattern can match (a literal, a class's first member) and its literal runs."""
+    run = []
+    for op, av in parsed:
+        name = str(op)
+        if name == "LITERAL":
+            chars.append(chr(av))
+            run.append(chr(av))
+            continue
+        if len(run) >= 2:
+            runs.append("".join(run))
+        run = []
+        if name == "IN":
+            for iop, iav in av:
+                iname = str(iop)
+                if iname == "LITERAL":
+                    chars.append(chr(iav))
+                elif iname == "RANGE":
+                    chars.append(chr(iav[0]))
+                elif iname == "CATEGORY":
+                    chars.append(_CATEGORY_SAMPLE.get(str(iav), "a"))
+        elif name == "ANY":
+            chars.append("a")
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            _samples(av[2], chars, runs)
+        elif name == "SUBPATTERN":
+            _samples(av[-1], chars, runs)
+        elif name == "BRANCH":
+            for branch in av[1]:
+                _samples(branch, chars, runs)
+        elif name in ("ASSERT", "ASSERT_NOT"):
+            _samples(av[1], chars, runs)
+        elif name == "GROUPREF_EXISTS":
+            for branch in av[1:]:
+                if branch is not None:
+                    _samples(branch, chars, runs)
+    if len(run) >= 2:
+        runs.append("".join(run))
+
+
+def adversarial_lines(pattern, n=REGEX_LINE_CHARS):
+    """Lines of ``n`` characters on which a backtracking pattern is slowest: one character it
+    matches (or two, alternating), repeated, after one of its literal runs, ending in one it does
+    not expect - the shape of every catastrophic case (``^(a+)+$`` on ``aaaa…!``)."""
+    chars, runs = [], []
+    try:
+        _samples(_sre_parse.parse(pattern), chars, runs)
+    except Exception:  # pylint: disable=broad-except  # compiled by re already; a parser quirk only
+        pass
+    seen = []
+    for c in chars + list("a0 .-_/=:"):
+        if c not in seen and c not in "\n\r":
+            seen.append(c)
+    seen = seen[:12]
+    prefixes = [""] + sorted(set(runs), key=lambda r: (-len(r), r))[:3]
+    lines = []
+    for prefix in prefixes:
+        room = n - len(prefix) - 1
+        for c in seen:
+            lines.append(prefix + c * room + "!")
+        for c1, c2 in zip(seen[:4], seen[1:5]):
+            lines.append(prefix + ((c1 + c2) * (room // 2 + 1))[:room] + "!")
+    return lines
+
+
+def slow_regexes(items, budget_s=REGEX_LINE_BUDGET_S, n=REGEX_LINE_CHARS, python=None):
+    """``items``: [(label, regex)] (each compiles) -> {label: words} for each regex one search of
+    which, on one of its ``adversarial_lines``, took longer than ``budget_s`` (the child process
+    doing the searches is killed then: the budget is kept from outside the matcher)."""
+    slow = {}
+    todo = [(label, rx, adversarial_lines(rx, n)) for label, rx in items]
+    while todo:
+        proc = subprocess.Popen([python or sys.executable, "-I", "-S", "-c", _CHILD], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc.stdin.write(json.dumps([[rx, lines] for _l, rx, lines in todo]).encode())
+        proc.stdin.close()
+        done_upto, buf = None, b""     # the last (regex, line) searched
+        deadline = time.monotonic() + REGEX_START_S + budget_s
+        hung = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                hung = True
+                break
+            ready, _w, _x = select.select([proc.stdout], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buf += chunk
+            *rows, buf = buf.split(b"\n")
+            for row in rows:
+                if row == b"go":
+                    continue
+                i, j, took = row.split()
+                done_upto = (int(i), int(j))
+                if float(took) > budget_s:
+                    slow.setdefault(todo[int(i)][0], "one search took %.1f s on a line of %d characters (%r...)"
+                                    % (float(took), n, todo[int(i)][2][int(j)][:24]))
+            deadline = time.monotonic() + budget_s
+        if not hung and proc.wait() == 0:
+            break
+        proc.kill()
+        proc.wait()
+        # the regex being searched when the budget ran out: the one after the last line reported
+        i, j = done_upto if done_upto is not None else (0, -1)
+        if j + 1 >= len(todo[i][2]):
+            i, j = i + 1, -1
+        if i >= len(todo):
+            break
+        slow.setdefault(todo[i][0], "one search ran past %.1f s on a line of %d characters (%r...) and was "
+                        "stopped" % (budget_s, n, todo[i][2][j + 1][:24]))
+        todo = todo[i + 1:]
+    return slow
+
+
+def _pathological_problems(v, already):
+    """Regexes that pass the other checks, timed on adversarial lines (see slow_regexes)."""
+    items = []
+    for name in _REGEXES:
+        if isinstance(v.get(name), str) and v[name] and name not in already:
+            items.append((name, v[name]))
+    for i, rx in enumerate(v.get("trainer_error_regexes") or [] if isinstance(v.get("trainer_error_regexes"),
+                                                                             (list, tuple)) else []):
+        label = "trainer_error_regexes[%d]" % i
+        if isinstance(rx, str) and rx and label not in already:
+            items.append((label, rx))
+    measure = v.get("trainer_measure_regexes")
+    for key, rx in (measure.items() if isinstance(measure, dict) else []):
+        label = "trainer_measure_regexes[%r]" % (key,)
+        if isinstance(rx, str) and rx and label not in already:
+            items.append((label, rx))
+    compiled = []
+    for label, rx in items:
+        try:
+            re.compile(rx)
+        except (re.error, RecursionError, OverflowError):
+            continue
+        compiled.append((label, rx))
+    if not compiled:
+        return []
+    accepted = ("a regular expression without nested or overlapping repeats that backtrack without end (such as "
+                "(a+)+, (a|a)*, (\\w+\\s?)+); searched on lines of up to %d characters, one search within %.1f s"
+                % (REGEX_LINE_CHARS, REGEX_LINE_BUDGET_S))
+    slow = slow_regexes(compiled)
+    return [Problem(label, "can hang the restart job: %s" % slow[label], accepted, rx)
+            for label, rx in compiled if label in slow]
+
+
 def _command_problems(v, name="trainer_command", may_be_empty=False):
     accepted = "a %slist of strings (argv), e.g. ['./run.sh'] or ['python3', 'train.py']" % (
         "" if may_be_empty else "non-empty ")
@@ -367,10 +564,23 @@ def _env_problems(v):
         return [Problem(name, "is not a mapping", accepted, show_value=False)]
     problems = []
     total = 0
-    for key in env:
+    for position, key in enumerate(env, 1):
         label = "%s[%r]" % (name, key)
         if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
-            problems.append(Problem(label, "is not a valid environment variable name", accepted, show_value=False))
+            if isinstance(key, str) and "=" not in key and len(key) <= 64 and not has_control(key):
+                problems.append(Problem(label, "is not a valid environment variable name", accepted, show_value=False))
+            else:  # never echoed: a key holding '=' is likely NAME=value, a secret pasted as the name
+                problems.append(Problem("%s (its key number %d)" % (name, position),
+                                        "has a key that is not a valid environment variable name (%s; the key is not "
+                                        "shown: it may hold a secret)" % (
+                                            "it holds '='" if isinstance(key, str) and "=" in key else
+                                            "not letters, digits and _"), accepted, show_value=False))
+            continue
+        if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
+            problems.append(Problem(label, "is a name the unit, systemd or the launcher sets or reads: set by the "
+                                    "trainer's environment it would hide this start from the proof (INVOCATION_ID) or "
+                                    "break the unit", "a name of the trainer's own (not %s)" % _reserved_words(),
+                                    show_value=False))
             continue
         value = env[key]
         if isinstance(value, (dict, list, tuple)):
@@ -387,6 +597,10 @@ def _env_problems(v):
     if total > ENV_TOTAL_MAX and not problems:
         problems.append(Problem(name, "is %d bytes in all" % total, accepted, secret=True))
     return problems
+
+
+def _reserved_words():
+    return ", ".join(sorted(RESERVED_ENV)) + " or a name starting with " + ", ".join(RESERVED_ENV_PREFIXES)
 
 
 def _gpus_problems(v):
@@ -664,6 +878,46 @@ def _metrics_problems(v):
     return []
 
 
+PROGRESS_ACCEPTED = ("empty (progress from trainer_log_path), or the absolute path of the file the trainer itself "
+                     "writes its progress to (e.g. /workspace/own/train.log): only read, never a file the collection "
+                     "writes")
+
+
+def _progress_problems(v):
+    """trainer_progress_path: off when empty; else a file the collection only READS, so never one it
+    writes (the log and its rotations and start record, the environment file, the launcher, the
+    unit, the metrics file, the lock and its guard, the job state, anything in trainer_root)."""
+    name = "trainer_progress_path"
+    value = v.get(name)
+    if value in (None, ""):
+        return []
+    p = path_problem(name, value)
+    if p is not None:
+        return [Problem(name, p.why, PROGRESS_ACCEPTED, value)]
+    root = v.get("trainer_root")
+    if isinstance(root, str) and root and (within(value, root) or within(root, value)):
+        return [Problem(name, "lies inside trainer_root %s (the collection writes and prunes releases there)" % root,
+                        PROGRESS_ACCEPTED, value)]
+    log = v.get("trainer_log_path")
+    if isinstance(log, str) and log and value.startswith(log + ".") and (
+            value[len(log) + 1:].isdigit() or value[len(log) + 1:] == "start"):
+        return [Problem(name, "is %s of trainer_log_path, which the launcher writes" % (
+            "the start-marker record" if value.endswith(".start") else "a rotation"), PROGRESS_ACCEPTED, value)]
+    written = [(other, v.get(other)) for other in ("trainer_log_path", "trainer_env_file", "trainer_launcher_path",
+                                                   "trainer_lock_path", "trainer_job_state_path", "trainer_metrics_path")]
+    lock = v.get("trainer_lock_path")
+    if isinstance(lock, str) and lock:
+        written.append(("trainer_lock_path (its guard)", lock + ".guard"))
+    unit = v.get("trainer_unit_name")
+    if isinstance(unit, str) and unit:
+        written.append(("trainer_unit_name (its unit file)", "/etc/systemd/system/%s.service" % unit))
+    for other, path in written:
+        if path == value:
+            return [Problem(name, "is the same file as %s, which the collection writes" % other, PROGRESS_ACCEPTED,
+                            value)]
+    return []
+
+
 def check(v, entry="main"):
     """Every Problem with the variables ``v`` (the play's vars) for entry point ``entry``."""
     if entry not in ENTRIES:
@@ -684,6 +938,7 @@ def check(v, entry="main"):
     problems.extend(_numbers_problems(v))
     problems.extend(_restart_policy_problems(v))
     problems.extend(_regex_problems(v))
+    problems.extend(_pathological_problems(v, {p.variable for p in problems}))
     if "trainer_command" in v:
         problems.extend(_command_problems(v))
     if "trainer_preflight_command" in v:
@@ -693,6 +948,7 @@ def check(v, entry="main"):
         problems.extend(_gpus_problems(v))
     problems.extend(_measure_problems(v))
     problems.extend(_metrics_problems(v))
+    problems.extend(_progress_problems(v))
     problems.extend(host_view_problems(v))
     if entry == "rollback" and v.get("trainer_rollback_release"):
         rid = v["trainer_rollback_release"]

@@ -27,6 +27,16 @@ description:
     listed process accounts for.
   - Read-only. Needs no root on the node (nvidia-smi and C(/proc/<pid>/cgroup) are readable by
     every user), so a careful operator's ssh user can run it without any sudo rule.
+  - >-
+    Runs only programs of root (or of the user it runs as): the python running it and the
+    nvidia-smi it finds must be files that only they may write, in directories only they may
+    write (as sudo's secure_path), or it fails naming C(trainer_node_python) or
+    C(trainer_node_nvidia_smi) before nvidia-smi runs.
+  - >-
+    Counts as the trainer only a process in the container's own system unit at its exact place
+    (C(/lxc/<vmid>/ns/system.slice/<unit>), C(/lxc.payload.<vmid>/system.slice/<unit>)); a user
+    unit of the same name in the container (C(user@1000.service/app.slice/<unit>)) is another
+    holder in that container.
 options:
   vmid:
     description: The trainer's container id.
@@ -98,8 +108,12 @@ lines:
   elements: str
 """
 
+import os
+import sys
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import observe_program, program_problem
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
@@ -141,6 +155,19 @@ def read_owners(gpus):
     return owners, names
 
 
+def program_problems(python, nvidia_smi, uids):
+    """Why the node's python running this module (``python``: its path) or the nvidia-smi it is to
+    run (``nvidia_smi``: the path found) may not be run here, naming the role's variable; [] when
+    both are files of ``uids`` (root, and the user the module runs as) in directories only they
+    may write."""
+    out = []
+    for variable, path in (("trainer_node_python", python), ("trainer_node_nvidia_smi", nvidia_smi)):
+        why = program_problem(observe_program(path), uids)
+        if why:
+            out.append("%s: %s" % (variable, why))
+    return out
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -156,6 +183,9 @@ def main():
     )
     p = module.params
     nvidia_smi = require(module, p["nvidia_smi"])
+    refused = program_problems(sys.executable, nvidia_smi, (0, os.geteuid()))
+    if refused:
+        module.fail_json(msg="refused to read the node's GPUs: %s" % "; ".join(refused), problems=refused)
     try:
         gpus, warnings = read_node_gpus(ModuleRunner(module), nvidia_smi)
     except NvidiaSmiError as e:

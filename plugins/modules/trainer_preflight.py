@@ -14,9 +14,18 @@ description:
   - The command (O(command)) must exist in the release directory and be executable, with an
     existing C(#!) interpreter, or be found on C(PATH) (and, for an interpreter such as
     C(python3), its script must be in the release).
-  - O(preflight_command), when given, runs in the release directory with the unit's environment
-    (O(environment_json), C(DFLASH_RELEASE), C(DFLASH_RELEASE_DIR)) and no GPU (C(CUDA_VISIBLE_DEVICES)
-    empty), bounded by O(timeout_s); it must exit 0.
+  - Everything it runs runs in the unit's environment - a transient unit (C(systemd-run)) with the role's
+    unit settings (C(User=root), so HOME, USER, LOGNAME and SHELL come from root's passwd entry; the container's
+    locale files) and an environment file made of O(environment_json), staged root-only and removed
+    afterwards, in the release directory with C(DFLASH_RELEASE) and C(DFLASH_RELEASE_DIR) - so a
+    command not on the unit's real C(PATH), or an environment its interpreter cannot start in, is
+    refused here.
+  - The environment must not hold a directory list (C(PATH), C(LD_LIBRARY_PATH), C(PYTHONPATH), ...)
+    with C($) or C(~) in it (systemd expands neither) nor a relative C(PATH) entry.
+  - The command's interpreter is started harmlessly in that environment - python with C(-c pass), a
+    shell with C(-n) on its script (it reads it and runs nothing).
+  - O(preflight_command), when given, runs there too with no GPU (C(CUDA_VISIBLE_DEVICES) empty),
+    bounded by O(timeout_s); it must exit 0.
   - No GPU in O(gpus) may hold more than O(max_mib) of memory that is not the running trainer's own
     (any memory at all when the trainer is not running); where nvidia-smi lists no process the
     container can see, memory cannot be attributed and the drain gate after the stop decides.

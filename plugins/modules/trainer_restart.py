@@ -13,9 +13,12 @@ description:
     standard streams, without the file transfers of Ansible's async wrapper) and returns
     at once, once the job has recorded itself in O(state_path); the role uses this.
   - O(state=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
-    readiness proof, mark the release good - and on failure the rollback (C(current) back to the
-    last good release, the same cycle again) or, with no good release to go back to, stops the
-    failed trainer. Any error in any step ends in a restore or a rollback with a recorded reason.
+    readiness proof, mark the release good (keeping the configuration it was proved with beside it) -
+    and on failure the rollback (C(current) back to the last good release, the unit, environment file
+    and launcher proved with it put back, the same cycle again; after an environment-only or forced
+    restart of that same release, its proved configuration back) or, with no good release to go back
+    to, stops the failed trainer and says nothing was rolled back. Any error in any step ends in a
+    restore or a rollback with a recorded reason.
     Started with O(state=start), it runs detached in the container, so a lost connection or a killed
     C(ansible-playbook) never strands a stopped trainer.
   - It takes the deploy lock's lease over from the play (O(lock_path), O(lock_token), a lease of
@@ -64,6 +67,9 @@ options:
         same checks and options), while the old trainer still runs; a refusal fails the task with
         RV(preflight_refused), and nothing is installed, stopped or started. O(install) comes next, then the
         job. The play's lease (O(lock_path), O(lock_token)) is renewed meanwhile.
+      - It runs in the environment the unit will give the trainer - the unit, environment file and launcher of
+        O(install) (O(env_content)) when given, else the ones in place (O(unit_path), O(env_file),
+        O(launcher_path)).
     type: dict
     suboptions:
       release_dir:
@@ -114,6 +120,15 @@ options:
   log_path:
     description: The trainer's log.
     type: path
+  progress_path:
+    description:
+      - The trainer's own progress file (its own log, or JSONL records with C(step) and C(tok_s) keys), only
+        ever read, from where it ended right before this start; progress is proved from it, the start
+        marker, the exit reason and the tail come from O(log_path), errors from both.
+      - Empty - progress from O(log_path).
+      - Refused (nothing started) when it is, or resolves to, a file the collection writes.
+    type: path
+    default: ""
   purge_dir:
     description: The torchinductor cache directory, deleted while the trainer is stopped; empty - no purge.
     type: str
@@ -226,10 +241,23 @@ options:
       - The trainer's environment file. Its values are secrets - each is replaced by C(***) in the job's
         state file, the ledger, failure messages and log tails (the files are written mode 0600).
     type: path
+  unit_path:
+    description:
+      - The unit file (default C(/etc/systemd/system/<unit>.service)). With O(env_file) and O(launcher_path) (or
+        the paths of O(install)) it is the configuration kept beside C(last_good) once a release is proved
+        (C(<root>/last_good.config), mode 0600), and put back with that release by a rollback.
+    type: path
+  launcher_path:
+    description: The unit's launcher, kept and restored with the proved configuration (see O(unit_path)).
+    type: path
 notes:
-  - Each job appends to the release ledger C(<root>/ledger.json) (the last 50 entries) - release, time,
-    source, verdict, figures - and its result carries C(figures) and C(comparison) with the previous
-    good release and the best.
+  - Each job appends to the release ledger C(<root>/ledger.json) (the last 50 entries) - release, config,
+    time, source, verdict, figures - and its result carries C(figures) and C(comparison) with the entry before
+    it that was proved and the best.
+  - C(config) is the configuration id of the installed unit's trainer command (the words after the launcher's
+    C(--)) and environment file - an HMAC-SHA256 keyed with C(<root>/config.key) (random, mode 0600, made by
+    the first job), 8 hex characters - so a deploy that changes only the command or the environment is an entry
+    of its own; no value can be read back from it.
   - Check mode is not supported by O(state=run) (the role does not call it in check mode).
 """
 
@@ -342,8 +370,9 @@ result:
       returned: when the release was proved (a throughput gate's refusal included)
       type: dict
     comparison:
-      description: The measured throughput against the previous good release and the best (words, median,
-        previous_release, previous_median, change_pct, best_median).
+      description: The measured throughput against the entry before it that was proved, whichever release and
+        configuration it ran, and the best (words, median, release, config, previous_release, previous_config,
+        previous_at, previous_median, change_pct, best_median).
       returned: when the release was proved (a throughput gate's refusal included)
       type: dict
     warnings:
@@ -413,6 +442,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._install import ENV_CONTENT_OPTION, INSTALL_SUBOPTIONS, InstallError
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import PREFLIGHT_SUBOPTIONS, Refused
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import collision
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
     before_start,
@@ -461,6 +491,9 @@ def start_detached(module):
         module.fail_json(msg="restart job %s was already started" % p["job_id"])
     if job_alive(earlier):
         module.fail_json(msg="refused: %s; one restart at a time" % outcome_words(earlier), not_started=True)
+    why = collision(p)  # the progress file is only read: never a file the collection writes
+    if why:
+        module.fail_json(msg="trainer_progress_path: %s; nothing was changed" % why, not_started=True)
     try:
         before = before_start(p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
     except Refused as exc:  # the old trainer runs on, untouched
@@ -505,6 +538,7 @@ def main():
             unit=dict(type="str"),
             root=dict(type="path"),
             log_path=dict(type="path"),
+            progress_path=dict(type="path", default=""),
             purge_dir=dict(type="str", default=""),
             gpus=dict(type="list", elements="int"),
             drain_max_mib=dict(type="int", default=1024),
@@ -534,6 +568,8 @@ def main():
             min_tokps_ratio=dict(type="float", default=0),
             source=dict(type="str", default=""),
             env_file=dict(type="path"),
+            unit_path=dict(type="path"),
+            launcher_path=dict(type="path"),
         ),
         supports_check_mode=True,
     )

@@ -82,11 +82,12 @@ options:
   owned:
     description:
       - Every file a run writes and the directory it purges - C(variable), C(kind) (launcher, env, unit, log,
-        log_rotation, log_start, lock, lock_guard, state, cache, root) and C(path) - as
+        log_rotation, log_start, lock, lock_guard, state, metrics, cache, root, program) and C(path) - as
         P(dflash.trainer.trainer_validate#module) returns them. Each path is resolved here (symlinked parents
         included) and must be absent or carry the collection's mark (the cache - look like a torchinductor
-        cache); otherwise the module fails before the lock is taken, naming the variable and what is there,
-        with RV(lock_refused) and RV(problems).
+        cache), in directories root owns and only root may write; a program (a name looked up on the PATH,
+        or a path) must be a file root owns and only root may write; otherwise the module fails before the
+        lock is taken, naming the variable and what is there, with RV(lock_refused) and RV(problems).
     type: list
     elements: dict
     default: []
@@ -217,8 +218,10 @@ log:
            "offset": 18734, "inode": 393242, "ended": false, "found": true, "problem": null}
 history:
   description:
-    - The release ledger's last O(history) entries, newest first - release, at, verdict, reason, median, p10,
-      p90, n (tok/s), source, marks (running, current), extra (the named figures).
+    - The release ledger's last O(history) entries, newest first - release, config (the configuration id, null
+      for an entry recorded before configurations were), at, verdict, reason, median, p10, p90, n (tok/s), source,
+      vs (against the entry before it that was proved - release, config, median, change_pct, words), marks
+      (running, current), extra (the named figures).
   returned: when O(history) > 0 and O(trainer_root) is given
   type: list
   elements: dict
@@ -346,6 +349,14 @@ last_good:
   returned: when O(trainer_root) is set
   type: str
   sample: 0123456789abcdef
+config:
+  description:
+    - The configuration id of the installed unit's trainer command and environment file (a keyed hash made with
+      the key the restart job keeps in C(<trainer_root>/config.key); no value can be read back from it), as the
+      ledger records it; null when unknown (no O(env_file), no key yet, the unit or the environment file unreadable).
+  returned: when O(trainer_root) is set
+  type: str
+  sample: 1a2b3c4d
 gpus_mib:
   description: Memory used per GPU index; null when nvidia-smi is missing or failed.
   returned: always
@@ -399,6 +410,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquir
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._config_id import installed_config, unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
@@ -512,9 +524,12 @@ def main():
     if p["trainer_root"]:
         ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
         result["health"] = status_health(ledger, result, seconds, time.time())
+        # (the environment file is part of the configuration: without O(env_file) it is unknown)
+        result["config"] = installed_config(p["trainer_root"], result.get("fragment_path") or unit_path_of(p["unit"]),
+                                            p["env_file"])[0] if p["env_file"] else None
         if p["history"] > 0:
             result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
-                                             p["history"])
+                                             p["history"], running_config=result["config"])
 
     if p["job_state_path"]:
         job = read_state(p["job_state_path"])

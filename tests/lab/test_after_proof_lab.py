@@ -17,7 +17,7 @@ CT = "290"
 PROM_DIR = "/var/lib/node_exporter/textfile_collector"
 PROM = PROM_DIR + "/dflash_trainer.prom"
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 60,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
         "trainer_metrics_path": PROM, "trainer_metrics_interval_s": 1}
 CRASH_STEPS = 20  # one progress line a second: dies ~15 s after a proof of ~4 s
 

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CT = "215"
 STOPPED_CT = "216"
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all"}
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_target_hosts": "all"}
 SECRET = "s3cr3t-value-"
 
 STATE_SCRIPT = r"""
@@ -252,6 +252,28 @@ ROWS = [
     ("unit-name-is-dbus", "deploy.yml", "bi", {"trainer_unit_name": "dbus"}, ["trainer_unit_name", "did not write"]),
     ("rollback-cache-is-checkpoints", "playbooks/rollback.yml", "bi",
      {"trainer_inductor_cache_dir": "/workspace/checkpoints"}, ["trainer_inductor_cache_dir", "checkpoint.pt"]),
+    # every directory above a file root writes is root's, writable by root alone; what must outlive a reboot is
+    # not on a tmpfs
+    ("log-in-users-dir", "deploy.yml", "bi", {"trainer_log_path": "/data/user/trainer.log"},
+     ["trainer_log_path", "is in /data/user, owned by uid 1000"]),
+    ("env-file-in-users-dir", "deploy.yml", "bi", {"trainer_env_file": "/data/user/trainer.env"},
+     ["trainer_env_file", "is in /data/user, owned by uid 1000"]),
+    ("env-file-on-tmpfs", "deploy.yml", "bi", {"trainer_env_file": "/run/dflash-trainer/trainer.env"},
+     ["trainer_env_file", "lies on a tmpfs (/run)", "lost at reboot"]),
+    ("launcher-on-tmpfs", "deploy.yml", "bi", {"trainer_launcher_path": "/run/dflash-trainer/launch"},
+     ["trainer_launcher_path", "lies on a tmpfs (/run)"]),
+    # names the unit and the launcher own; a key that is NAME=value; a proof without a step; a regex that never ends
+    ("env-invocation-id", "deploy.yml", "bi", {"trainer_env": {"INVOCATION_ID": SECRET}},
+     ["trainer_env['INVOCATION_ID']", "sets or reads"]),
+    ("env-notify-socket", "deploy.yml", "bi", {"trainer_env": {"NOTIFY_SOCKET": "/run/x"}},
+     ["trainer_env['NOTIFY_SOCKET']", "sets or reads"]),
+    ("env-dflash-release", "deploy.yml", "bi", {"trainer_env": {"DFLASH_RELEASE": "x"}},
+     ["trainer_env['DFLASH_RELEASE']", "sets or reads"]),
+    ("env-key-holds-value", "deploy.yml", "bi", {"trainer_env": {"HF_TOKEN=" + SECRET: "1"}},
+     ["trainer_env (its key number 1)", "it holds '='", "not shown"]),
+    ("min-steps-0", "deploy.yml", "bi", {"trainer_ready_min_steps": 0}, ["trainer_ready_min_steps", "out of range"]),
+    ("step-regex-backtracks-forever", "deploy.yml", "bi", {"trainer_step_regex": r"^(([a-z ]+)+)+step(\d+)"},
+     ["trainer_step_regex", "can hang the restart job", "was stopped"]),
 ]
 
 

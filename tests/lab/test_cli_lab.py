@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CT = "224"
 HOST = "cli"
 VARS = {"trainer_target_hosts": "all", "trainer_ready_hold_s": 4, "trainer_ready_stall_s": 3,
-        "trainer_ready_timeout_s": 60, "trainer_env": {"DFLASH_CLI_TOKEN": "s3cret-value"}}
+        "trainer_ready_timeout_s": 60, "trainer_env": {"CLI_TEST_TOKEN": "s3cret-value"}}
 STEP = re.compile(r"^step=(\d+) ")
 
 
@@ -114,12 +114,12 @@ def test_check_diff_lists_the_changed_file_and_masks_the_environment(lab, ct, de
     with open(os.path.join(str(src), "trainer.py"), "a") as f:
         f.write("# one more line\n")
     res = cli(inv, "deploy", "--check", "--diff",
-              extra={"trainer_src": str(src), "trainer_env": {"DFLASH_CLI_TOKEN": "n3w-s3cret", "NEW_KEY": "x1"}})
+              extra={"trainer_src": str(src), "trainer_env": {"CLI_TEST_TOKEN": "n3w-s3cret", "NEW_KEY": "x1"}})
     out = res.stdout
     assert res.returncode == 0, out + res.stderr
     assert re.search(r"^release \w{16} → \w{16}: 0 added, 0 removed, 1 modified$", out, re.M), out
     assert re.search(r"^M trainer\.py \([\d.]+ KiB → [\d.]+ KiB\)$", out, re.M), out
-    assert "+DFLASH_CLI_TOKEN=********" in out or "DFLASH_CLI_TOKEN=********" in out, out
+    assert "+CLI_TEST_TOKEN=********" in out or "CLI_TEST_TOKEN=********" in out, out
     assert "+NEW_KEY=********" in out, out
     assert "s3cret" not in out + res.stderr and "x1\n" not in out
     assert lab.ct(CT, "readlink", "/opt/dflash-trainer/current").stdout.strip() == before  # nothing changed

@@ -19,7 +19,7 @@ LAB = os.path.join(ROOT, "lab", "lab.py")
 CT = "260"       # unprivileged, fresh at the start of this module, then the operator's container
 OTHER = "231"    # exists, never listed for the operator
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
         "trainer_src": os.path.join(ROOT, "examples", "trainer")}
 
 
@@ -62,7 +62,7 @@ def test_check_mode_on_a_first_deploy_says_what_it_would_do_and_changes_nothing(
     root_inv, _op_inv = field
     assert leftovers(lab) == []
     res = playbook(root_inv, "deploy.yml", "ct", "--check", "--diff",
-                   trainer_env={"DFLASH_FAKE_STARTUP_S": "0.3", "FIELD_SECRET": "s3cr3t-check-mode"})
+                   trainer_env={"FAKE_TRAINER_STARTUP_S": "0.3", "FIELD_SECRET": "s3cr3t-check-mode"})
     out = " ".join((res.stdout + res.stderr).split())  # the callback wraps long messages
     assert res.returncode == 0, out[-4000:]
     assert "would restart dflash-trainer: release switched to " in out, out[-4000:]

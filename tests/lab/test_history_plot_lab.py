@@ -19,7 +19,7 @@ HOST = "loop"
 CLI = os.path.join(os.path.dirname(sys.executable), "dflash-trainer")
 FAST = {"trainer_target_hosts": "all", "trainer_ready_hold_s": 4, "trainer_ready_stall_s": 3,
         "trainer_ready_timeout_s": 40,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3", "DFLASH_FAKE_STEP_INTERVAL_S": "0.25"}}
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3", "FAKE_TRAINER_STEP_INTERVAL_S": "0.25"}}
 SVG = "{http://www.w3.org/2000/svg}"
 
 

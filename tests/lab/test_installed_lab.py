@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.path.dirname(sys.executable)
 CT = "223"
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 60,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}}
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}}
 
 
 def run(argv, cwd, env, timeout=300):

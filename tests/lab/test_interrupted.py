@@ -24,7 +24,7 @@ STATE = "/var/lib/dflash-trainer/restart.json"
 LOCK = "/run/dflash-trainer.deploy.lock"
 DELAY_DIR = os.environ.get("DFLASH_LAB_CONF", "/etc/dflash-lab")
 FAST = {"trainer_ready_hold_s": 4, "trainer_ready_stall_s": 4, "trainer_ready_timeout_s": 40,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "1.0"}, "trainer_target_hosts": "all",
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "1.0"}, "trainer_target_hosts": "all",
         "trainer_lock_lease_s": 15, "trainer_lock_wait_s": 60}
 
 

@@ -96,3 +96,76 @@ def test_full_disk_and_removed_log_do_not_stop_the_trainer(launched):
     assert first.startswith("==> dflash.trainer start invocation=%s " % record["invocation"])
     assert props() == before
     assert sorted(sh("ls %s" % MNT).stdout.split()) == ["t.log", "t.log.1", "t.log.start"]
+
+
+# --- a container user's links and files (lab container 244, a real uid-1000 user) ------------------
+CT_USER = "244"
+U_UNIT = "dflash-launch-user-lab"
+U_BASE = "/opt/dflash-launch-user-lab"
+U_DIR = "/srv/dflash-u1000"  # the log's directory, owned by uid 1000
+U_LOG = U_DIR + "/t.log"
+VICTIM_PATH = "/root/dflash-victim"
+VICTIM_TEXT = "root's own file: never written by the launcher\n"
+PERSON = "a person's notes at a rotation name\n"
+SNAP = "stat -c '%n %u %a %s %Y' {v} {d}/t.log.1; sha256sum {v} {d}/t.log.1".format(v=VICTIM_PATH, d=U_DIR)
+
+
+def cu(*cmd, check=True, **kw):
+    res = subprocess.run(["pct", "exec", CT_USER, "--", *cmd], capture_output=True, text=True, timeout=60,
+                         check=False, **kw)
+    if check and res.returncode != 0:
+        raise AssertionError("%s: exit %d: %s" % (cmd, res.returncode, res.stderr or res.stdout))
+    return res
+
+
+def csh(script, check=True):
+    return cu("sh", "-c", script, check=check)
+
+
+def as_user(script, **kw):
+    return cu("runuser", "-u", "dfuser", "--", "sh", "-c", script, **kw)
+
+
+def test_a_container_users_links_and_files_are_never_written_or_removed():
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT_USER],
+                   check=True, stdout=subprocess.DEVNULL)
+    csh("id dfuser >/dev/null 2>&1 || useradd -u 1000 -M -s /bin/sh dfuser")
+    with open(LAUNCHER) as f:
+        cu("sh", "-c", "mkdir -p %s && cat > %s/launch" % (U_BASE, U_BASE), input=f.read())
+    csh("mkdir -p %s/releases/r1 && ln -sfn releases/r1 %s/current && mkdir -p %s && chown 1000:1000 %s && "
+        "chmod 0755 %s" % (U_BASE, U_BASE, U_DIR, U_DIR, U_DIR))
+    cu("sh", "-c", "cat > %s && chmod 0644 %s" % (VICTIM_PATH, VICTIM_PATH), input=VICTIM_TEXT)
+    cu("sh", "-c", "cat > %s/releases/r1/trainer.sh && chmod +x %s/releases/r1/trainer.sh" % (U_BASE, U_BASE),
+       input=TRAINER)
+    # the user's own file at the first rotation name (trainer_log_keep 0 must not unlink it)
+    as_user("cat > %s/t.log.1" % U_DIR, input=PERSON)
+    before = csh(SNAP).stdout
+    # the launcher's pid is known before it runs (exec keeps it): the user plants a link at the start
+    # record's temporary name, pointing at root's file
+    csh("rm -f /run/dfl-go /run/dfl-pid")
+    csh("systemd-run --unit=%s --property=Type=exec --property=KillMode=control-group --setenv=PAD=%s "
+        "/bin/sh -c 'echo $$$$ > /run/dfl-pid; while [ ! -e /run/dfl-go ]; do sleep 0.05; done; exec /usr/bin/python3 "
+        "%s/launch --root %s --log %s --log-max-mib 0.01 --log-keep 0 -- ./trainer.sh'"
+        % (U_UNIT, "x" * 200, U_BASE, U_BASE, U_LOG))
+    try:
+        assert wait_for(lambda: csh("test -s /run/dfl-pid", check=False).returncode == 0, timeout=20)
+        pid = csh("cat /run/dfl-pid").stdout.strip()
+        as_user("ln -s %s %s.start.%s.tmp" % (VICTIM_PATH, U_LOG, pid))
+        csh("touch /run/dfl-go")
+        # it runs, writes its own log (0640, root's) and start record, and rotates (keep 0) past the person's file
+        assert wait_for(lambda: "step=300 " in csh("cat %s" % U_LOG, check=False).stdout, timeout=30)
+        assert csh("stat -c '%%u %%a' %s %s.start" % (U_LOG, U_LOG)).stdout.split() == ["0", "640", "0", "640"]
+        record = json.loads(csh("cat %s.start" % U_LOG).stdout)
+        assert record["pid"] == int(pid) and record["inode"] == int(csh("stat -c %%i %s" % U_LOG).stdout)
+        # the user swaps the log for a link to root's file: the launcher refuses to reopen it
+        as_user("mv %s %s.old && ln -s %s %s" % (U_LOG, U_LOG, VICTIM_PATH, U_LOG))
+        inv = csh("systemctl show -p InvocationID --value %s.service" % U_UNIT).stdout.strip()
+        assert wait_for(lambda: "cannot write the log %s" % U_LOG in csh(
+            "journalctl -u %s.service _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager" % (U_UNIT, inv)).stdout,
+            timeout=15)
+        assert csh("systemctl is-active %s.service" % U_UNIT, check=False).stdout.strip() == "active"
+        # root's file and the person's file: byte for byte, owner, mode and mtime as before
+        assert csh(SNAP).stdout == before
+    finally:
+        csh("systemctl stop %s.service; systemctl reset-failed %s.service; rm -rf %s %s %s /run/dfl-go /run/dfl-pid"
+            % (U_UNIT, U_UNIT, U_BASE, U_DIR, VICTIM_PATH), check=False)

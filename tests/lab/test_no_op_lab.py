@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CT = "237"
 LOCK = "/run/dflash-trainer.deploy.lock"
 FAST = {"trainer_target_hosts": "all", "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2,
-        "trainer_ready_timeout_s": 60, "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"},
+        "trainer_ready_timeout_s": 60, "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"},
         "trainer_src": os.path.join(ROOT, "examples", "trainer")}
 
 
@@ -49,13 +49,13 @@ def lock_free(lab):
 
 def test_a_changed_environment_restarts_then_the_next_run_is_a_no_op(lab, inv):
     before = main_pid(lab)
-    res = play(inv, trainer_env=dict(FAST["trainer_env"], DFLASH_NOOP_TEST="1"))
+    res = play(inv, trainer_env=dict(FAST["trainer_env"], NOOP_TEST_KNOB="1"))
     assert res.returncode == 0, res.stdout[-3000:]
     assert "restarted because: environment changed" in res.stdout, res.stdout[-3000:]
     assert main_pid(lab) != before
-    assert "DFLASH_NOOP_TEST" in lab.ct(CT, "cat", "/etc/dflash-trainer/trainer.env").stdout
+    assert "NOOP_TEST_KNOB" in lab.ct(CT, "cat", "/etc/dflash-trainer/trainer.env").stdout
     pid = main_pid(lab)
-    again = play(inv, trainer_env=dict(FAST["trainer_env"], DFLASH_NOOP_TEST="1"))
+    again = play(inv, trainer_env=dict(FAST["trainer_env"], NOOP_TEST_KNOB="1"))
     assert again.returncode == 0 and "left running" in again.stdout, again.stdout[-3000:]
     assert main_pid(lab) == pid and lock_free(lab)
 

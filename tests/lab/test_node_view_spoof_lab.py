@@ -12,9 +12,12 @@ nvidia-smi here is the lab's, told by FAKEGPU_NODE_TENANTS_FILE which containers
 """
 import json
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -28,7 +31,7 @@ TENANT = "234"   # another tenant on the node's GPUs
 NODE_SMI = "/usr/local/lib/dflash-lab/nvidia-smi-node"  # lab/node.py installs it (lab.py up)
 COMMA_GPU, NEWLINE_GPU, TENANT_MIB = 5, 6, 20000
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
-        "trainer_drain_timeout_s": 10, "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
+        "trainer_drain_timeout_s": 10, "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
         "trainer_src": os.path.join(ROOT, "examples", "trainer")}
 # The tenant's process: argv[0] (what nvidia-smi prints) is set by `exec -a`; it holds its memory
 # itself, then gives itself a hostile comm as well (what the node's /proc says).
@@ -49,13 +52,14 @@ def ansible_env():
 
 
 @pytest.fixture(scope="module")
-def spoof(lab, tmp_path_factory):
+def spoof(lab):
     """233 and 234 up, their GPUs the node's (for this test's node nvidia-smi only), 233's own
     nvidia-smi showing host PIDs as under LXC passthrough; an inventory for 233."""
     lab_cmd("up", "--fresh", "--ids", CT, TENANT)
     assert lab.ct(CT, "python3", "-m", "fakegpu", "config", "--passthrough", "host-pids",
                   "--clear-foreign").returncode == 0
-    base = tmp_path_factory.mktemp("spoof")
+    # the node's nvidia-smi is run only from a directory nobody but root may write (not pytest's /tmp)
+    base = pathlib.Path(tempfile.mkdtemp(prefix="dflash-spoof-", dir=os.path.expanduser("~")))
     (base / "tenants").write_text("%s\n%s\n" % (CT, TENANT))
     smi_path = base / "nvidia-smi"
     smi_path.write_text("#!/bin/sh\nFAKEGPU_NODE_TENANTS_FILE=%s exec %s \"$@\"\n" % (base / "tenants", NODE_SMI))
@@ -68,6 +72,7 @@ def spoof(lab, tmp_path_factory):
         lab.ct(TENANT, "systemctl", "stop", unit)
     lab.ct(CT, "systemctl", "stop", "spoof-victim")
     lab.ct(CT, "python3", "-m", "fakegpu", "config", "--passthrough", "off", "--clear-foreign")
+    shutil.rmtree(str(base))
 
 
 def node_smi(spoof, *args):
@@ -124,10 +129,10 @@ def start_tenants(lab, spoof, ours):
                   "--foreign", "%d=%d" % (NEWLINE_GPU, TENANT_MIB)).returncode == 0
 
 
-def node_module(spoof, unit):
+def node_module(spoof, unit, check="proof"):
     """trainer_node_gpus run on the node as the role runs it (check=proof); its JSON result."""
     env = dict(ansible_env(), ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json")
-    args = {"vmid": int(CT), "unit": unit, "gpus": [COMMA_GPU, NEWLINE_GPU], "check": "proof",
+    args = {"vmid": int(CT), "unit": unit, "gpus": [COMMA_GPU, NEWLINE_GPU], "check": check,
             "nvidia_smi": spoof["smi"]}
     res = subprocess.run(["ansible", "-i", spoof["inv"], "all", "-m", "dflash.trainer.trainer_node_gpus",
                           "-a", json.dumps(args), "-e", "ansible_pct_node=true"],
@@ -207,3 +212,68 @@ def test_a_deploy_with_the_nodes_view_is_neither_fooled_nor_failed_by_a_name(lab
         assert out.count(line) == 2, out[-4000:]
     for unit in ("spoof-comma", "spoof-newline"):
         assert lab.ct(TENANT, "systemctl", "is-active", unit).stdout.strip() == "active"
+
+
+# A user of 233 (uid 1000) whose user manager runs a unit named like the trainer: systemd gives a
+# user's manager its own subtree (user@1000.service, delegated to that user), where the user names
+# cgroups as they like. The lab's rootfs has no pam_systemd for a real user manager, so root makes
+# the cgroup a user's unit of that name has and puts the user's own process in it; the node reads
+# it from /proc/<pid>/cgroup as for any process.
+USER_UNIT = "/sys/fs/cgroup/unified/user.slice/user-1000.slice/user@1000.service/app.slice/spoof-victim.service"
+USER_HOLDER = r"""
+set -e
+id -u alice >/dev/null 2>&1 || useradd --uid 1000 --create-home alice
+mkdir -p %(cg)s
+setpriv --reuid=1000 --regid=1000 --clear-groups sleep 600 >/dev/null 2>&1 &  # exec: her own process
+pid=$!
+echo "$pid" > %(cg)s/cgroup.procs
+python3 -m fakegpu alloc --gpu %(gpus)s --mib %(mib)d --pid "$pid" >/dev/null
+echo "$pid"
+"""
+
+
+def test_a_user_unit_named_like_the_trainer_is_not_the_trainer(lab, spoof):
+    uuid5 = gpu_uuid(spoof, COMMA_GPU)
+    lab.ct(CT, "systemctl", "stop", "dflash-trainer")
+    lab.ct(CT, "python3", "-m", "fakegpu", "config", "--clear-foreign")
+    run_unit(lab, CT, "spoof-victim", "python3", "-m", "fakegpu", "alloc", "--gpu", "%d,%d" % (COMMA_GPU, NEWLINE_GPU),
+             "--mib", "30000", "--hold")
+    ours = wait_for(lambda: host_pid(spoof, uuid5, "spoof-victim"), timeout=20)
+    assert ours, node_rows(spoof)
+    res = lab.ct(CT, "bash", "-c", USER_HOLDER % {"cg": USER_UNIT, "gpus": "%d,%d" % (COMMA_GPU, NEWLINE_GPU),
+                                                   "mib": 3000})
+    assert res.returncode == 0, res.stderr
+    try:
+        def alices():
+            for _uuid, pid, mib in node_rows(spoof):
+                try:
+                    with open("/proc/%d/cgroup" % pid, encoding="utf-8") as fh:
+                        if "/user@1000.service/app.slice/spoof-victim.service\n" in fh.read() and mib == 3000:
+                            return pid
+                except OSError:
+                    continue
+            return None
+        theirs = wait_for(alices, timeout=20)
+        assert theirs, node_rows(spoof)
+        assert os.stat("/proc/%d" % theirs).st_uid == 1000  # her own process (233 is privileged: uids as on the node)
+        with open("/proc/%d/cgroup" % theirs, encoding="utf-8") as fh:
+            assert re.search(r"^0::/lxc\.payload\.%s(-\d+)?/user\.slice/user-1000\.slice/user@1000\.service/app\.slice/"
+                             r"spoof-victim\.service$" % CT, fh.read(), re.M)
+
+        result = node_module(spoof, "spoof-victim")
+        assert not result.get("failed"), result
+        for index in (COMMA_GPU, NEWLINE_GPU):
+            split = {g["index"]: g for g in result["gpus"]}[index]
+            assert split["trainer_mib"] == 30000, split  # alice's 3000 MiB are not the trainer's
+            assert split["same_ct_mib"] == 3000, split
+            assert [(h["kind"], h["unit"]) for h in split["holders"] if h["pid"] == theirs] == [("same_ct", None)]
+            assert [h["pid"] for h in split["holders"] if h["kind"] == "trainer"] == [ours]
+        # the pre-flight names her process as another holder in the trainer's container
+        result = node_module(spoof, "spoof-victim", check="preflight")
+        assert result.get("failed"), result
+        assert "GPU %d: 3000 MiB held by pid %d (sleep) in CT %s" % (COMMA_GPU, theirs, CT) in result["msg"]
+    finally:
+        lab.ct(CT, "pkill", "-u", "alice", "-x", "sleep")
+        lab.ct(CT, "systemctl", "stop", "spoof-victim")
+        lab.ct(CT, "sh", "-c", "sleep 0.5; rmdir %s %s %s" % (USER_UNIT, os.path.dirname(USER_UNIT),
+                                                               os.path.dirname(os.path.dirname(USER_UNIT))))

@@ -26,7 +26,7 @@ REBOOT_CT = "229"
 STATE = "/var/lib/dflash-trainer/restart.json"
 LOCK = "/run/dflash-trainer.deploy.lock"
 FAST = {"trainer_target_hosts": "all", "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2,
-        "trainer_ready_timeout_s": 60, "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}}
+        "trainer_ready_timeout_s": 60, "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}}
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_a_reboot_after_the_switch_is_proved_by_the_next_deploy(lab, inv, tmp_pa
     src = tmp_path / "v2"
     shutil.copytree(os.path.join(ROOT, "examples", "trainer"), src)
     (src / "VERSION").write_text("v2\n")  # another release id
-    extra = {"trainer_src": str(src), "trainer_env": {"DFLASH_FAKE_STARTUP_S": "8"}, "trainer_ready_timeout_s": 90}
+    extra = {"trainer_src": str(src), "trainer_env": {"FAKE_TRAINER_STARTUP_S": "8"}, "trainer_ready_timeout_s": 90}
     a = play(inv_path, base, "r", "v2", extra)
     assert wait_for(lambda: job_state(lab, REBOOT_CT).get("phase") == "proving", timeout=120)
     new = job_state(lab, REBOOT_CT)["release"]

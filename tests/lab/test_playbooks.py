@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CTS = ("213", "214")
-FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30, "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}}
+FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30, "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}}
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "218"
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all"}
+        "trainer_target_hosts": "all"}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def tree(base, name):
     dst = base / name
     shutil.copytree(os.path.join(ROOT, "examples", "trainer"), dst)
     (dst / "VERSION").write_text(name + "\n")
+    (dst / "fault.env").write_text("STARTUP_S=0.3\n")  # the stand-in's own knob file: a quick start
     return str(dst)
 
 

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CT = "270"
 TIMEOUT_S = 60
 FAST = {"trainer_ready_hold_s": 4, "trainer_ready_stall_s": 3, "trainer_ready_timeout_s": TIMEOUT_S,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3", "DFLASH_FAKE_STEP_INTERVAL_S": "0.25"},
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3", "FAKE_TRAINER_STEP_INTERVAL_S": "0.25"},
         "trainer_target_hosts": "all"}
 
 

@@ -11,6 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "236"
 CACHE = "/tmp/torchinductor_root"
+KEY = "cabm7qpgiyjpkp7if2jwvf7dvibbkcxzvaxvrwcbwndsspltizml"  # a key as inductor names it: ab/ holds it
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def deploy(lab, tmp_path_factory):
     def run(**changes):
         extra = {"trainer_target_hosts": "all", "trainer_src": os.path.join(ROOT, "examples", "trainer"),
                  "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
-                 "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_force_restart": True}
+                 "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_force_restart": True}
         extra.update(changes)
         (base / "extra.json").write_text(json.dumps(extra))
         env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
@@ -44,7 +45,7 @@ def main_pid(lab):
 
 def test_a_cache_that_is_a_mount_point_is_emptied_not_removed(lab, deploy):
     setup = lab.ct(CT, "sh", "-c", "mkdir -p %s && mount -t tmpfs tmpfs %s && mkdir -p %s/ab %s/locks "
-                   "&& echo x > %s/ab/k.so && echo '{}' > %s/memoizer_cache.json" % ((CACHE,) * 6))
+                   "&& echo x > %s/ab/%s.so && echo '{}' > %s/memoizer_cache.json" % ((CACHE,) * 5 + (KEY, CACHE)))
     assert setup.returncode == 0, setup.stderr
     res = deploy()
     assert res.returncode == 0, res.stdout[-3000:]
@@ -63,3 +64,27 @@ def test_a_directory_holding_a_checkpoint_is_never_purged(lab, deploy):
     assert "trainer_inductor_cache_dir" in out and "checkpoint.pt" in out and "refused before any change" in out
     assert main_pid(lab) == before  # refused before the stop: the trainer was never touched
     assert lab.ct(CT, "cat", "%s/checkpoint.pt" % CACHE).stdout.strip() == "weights"
+
+
+def test_a_corpus_of_two_character_directories_is_never_purged(lab, deploy):
+    """en/ de/ fr/ pass a look at the top level; the purge judges every entry at every depth, refuses,
+    deletes nothing, and the trainer is brought back."""
+    corpus = "/srv/dflash-corpus"
+    make = ("rm -rf {c} && mkdir -p {c}/en {c}/de {c}/fr && for l in en de fr; do echo text-$l > {c}/$l/train.txt; "
+            "done && find {c} -exec stat -c '%n %s %Y %a' {{}} + | sort").format(c=corpus)
+    before = lab.ct(CT, "sh", "-c", make).stdout
+    res = deploy(trainer_inductor_cache_dir=corpus)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-3000:]
+    assert "trainer_inductor_cache_dir" in out or "refused to purge" in out, out[-3000:]
+    assert "train.txt" in out and ("nothing was deleted" in out or "refused before any change" in out), out[-3000:]
+    after = lab.ct(CT, "sh", "-c", "find %s -exec stat -c '%%n %%s %%Y %%a' {} + | sort" % corpus).stdout
+    assert after == before
+    assert lab.ct(CT, "systemctl", "is-active", "dflash-trainer").stdout.strip() == "active"
+
+
+def test_after_a_purge_the_cache_is_roots_and_0700(lab, deploy):
+    lab.ct(CT, "sh", "-c", "umount %s 2>/dev/null; rm -rf %s; mkdir -m 0777 %s && chown 1000:1000 %s" % ((CACHE,) * 4))
+    res = deploy()
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert lab.ct(CT, "stat", "-c", "%u %a", CACHE).stdout.split() == ["0", "700"]

@@ -26,7 +26,7 @@ def extra():
     return {"trainer_target_hosts": "all", "trainer_src": os.path.join(ROOT, "examples", "trainer"),
             "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
             "trainer_force_restart": True,
-            "trainer_env": {"HF_TOKEN": SECRET, "DFLASH_FAKE_STARTUP_S": "0.3"},
+            "trainer_env": {"HF_TOKEN": SECRET, "FAKE_TRAINER_STARTUP_S": "0.3"},
             "trainer_preflight_command": ["python3", "-c", "import os; assert os.environ['HF_TOKEN']"]}
 
 

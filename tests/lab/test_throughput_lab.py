@@ -13,7 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "222"
 FAST = {"trainer_ready_hold_s": 4, "trainer_ready_stall_s": 3, "trainer_ready_timeout_s": 40,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3", "DFLASH_FAKE_STEP_INTERVAL_S": "0.25"},
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3", "FAKE_TRAINER_STEP_INTERVAL_S": "0.25"},
         "trainer_target_hosts": "all", "trainer_measure_regexes": {"q_target": r"queue_target=(\d+)"}}
 
 

@@ -81,7 +81,7 @@ def deploy(lab, torch_ct, tmp_path_factory):
 
     def run(src, **changes):
         extra = {"trainer_target_hosts": "all", "trainer_src": src, "trainer_gpus": [0, 1],
-                 "trainer_env": {"PYTHONPATH": torch_ct, "DFLASH_TORCH_GPUS": "0,1",
+                 "trainer_env": {"PYTHONPATH": torch_ct, "TORCH_TRAINER_GPUS": "0,1",
                                  # two workers even where torch counts one CPU: the restart must end them
                                  "TORCHINDUCTOR_COMPILE_THREADS": "2"},
                  # 2 shared cores: the first compile takes tens of seconds, steps come every second

@@ -24,7 +24,7 @@ def inv(lab, tmp_path_factory):
 def test_the_unit_file_holds_exactly_the_expected_directives(lab, inv, tmp_path):
     extra = {"trainer_target_hosts": "all", "trainer_src": os.path.join(ROOT, "examples", "trainer"),
              "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
-             "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"},
+             "trainer_env": {"TRAINER_NOTE": "unit file lab"},
              "trainer_restart_policy": "on-abnormal", "trainer_restart_sec": "7", "trainer_stop_timeout_s": 45,
              "trainer_start_limit_burst": 4, "trainer_start_limit_interval_s": "600",
              "trainer_command": ["./run.sh", "--tag", "100%", "$HOME", "a b"]}
@@ -46,6 +46,9 @@ def test_the_unit_file_holds_exactly_the_expected_directives(lab, inv, tmp_path)
         'ExecStart="/usr/local/lib/dflash-trainer/launch" "--root" "/opt/dflash-trainer" "--log" '
         '"/workspace/trainer.log" "--log-max-mib" "256" "--log-keep" "3" "--" "./run.sh" "--tag" "100%%" "$$HOME" "a b"',
         "WorkingDirectory=/opt/dflash-trainer",
+        "User=root",
+        "EnvironmentFile=-/etc/default/locale",
+        "EnvironmentFile=-/etc/locale.conf",
         "EnvironmentFile=/etc/dflash-trainer/trainer.env",
         "StandardOutput=journal",
         "StandardError=journal",
@@ -63,6 +66,10 @@ def test_the_unit_file_holds_exactly_the_expected_directives(lab, inv, tmp_path)
                   "TimeoutStopUSec", "-p", "StartLimitBurst", "-p", "StartLimitIntervalUSec").stdout
     assert sorted(show.split()) == sorted(["Restart=on-abnormal", "RestartUSec=7s", "TimeoutStopUSec=45s",
                                            "StartLimitBurst=4", "StartLimitIntervalUSec=10min"])
+    # the login variables come from root's passwd entry, the locale files are read in order
+    show = lab.ct(CT, "systemctl", "show", "dflash-trainer", "-p", "User", "-p", "EnvironmentFiles").stdout
+    assert "User=root" in show and show.index("/etc/default/locale") < show.index("/etc/locale.conf") \
+        < show.index("/etc/dflash-trainer/trainer.env"), show
     # the environment file carries the collection's mark as its first line
     first = lab.ct(CT, "head", "-1", "/etc/dflash-trainer/trainer.env").stdout.strip()
     assert first.startswith("# dflash.trainer: the trainer unit's environment")

@@ -13,7 +13,7 @@ LAB = os.path.join(ROOT, "lab", "lab.py")
 CT = "251"
 MAPPED_ROOT = 100000
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
-        "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
+        "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
         "trainer_src": os.path.join(ROOT, "examples", "trainer")}
 
 

@@ -21,7 +21,7 @@ CT = "238"
 LEASE = 10
 LOCK = "/run/dflash-trainer.deploy.lock"
 FAST = {"trainer_target_hosts": "all", "trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2,
-        "trainer_ready_timeout_s": 60, "trainer_env": {"DFLASH_FAKE_STARTUP_S": "0.3"}, "trainer_lock_lease_s": LEASE}
+        "trainer_ready_timeout_s": 60, "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_lock_lease_s": LEASE}
 
 
 @pytest.fixture(scope="module")

@@ -281,3 +281,19 @@ def test_a_status_read_alone_names_no_previous_release():
     res = {"changed": False, "running": True, "current_release": "aaa", "running_release": "aaa"}
     hosts, _recap = build_host_results([_status_event(res)])
     assert hosts["gpu-host"].previous_release is None
+
+
+def test_a_status_read_carries_the_installed_configuration_and_the_rows_of_experiments():
+    """trainer_status returns `config` (the installed command and environment's id) and history rows with
+    `config` and `vs`; an older result without them reads as an unknown configuration."""
+    row = {"release": GOOD, "config": "9e1d4470", "verdict": "proved", "median": 19800.2,
+           "vs": {"release": GOOD, "config": "3fa1c2d9", "change_pct": -8.4,
+                  "words": "config 9e1d4470 vs 3fa1c2d9: -8% (command or environment changed)"}}
+    evs = [{"event": "runner_on_ok", "event_data": {"host": "h", "task": "read", "resolved_action":
+            "dflash.trainer.trainer_status", "res": {"running": True, "config": "9e1d4470", "history": [row]}}},
+           {"event": "playbook_on_stats", "event_data": {"ok": {"h": 1}}}]
+    s = build_run_result(evs).hosts["h"].status
+    assert s.config == "9e1d4470" and s.history == [row]
+    again = RunResult.from_dict(json.loads(json.dumps(build_run_result(evs).to_dict()))).hosts["h"].status
+    assert again.config == "9e1d4470" and again.history[0]["vs"]["config"] == "3fa1c2d9"
+    assert TrainerStatus.from_result({"running": False}).config is None

@@ -296,3 +296,98 @@ def test_status_long_poll_waits_for_lines(tmp_path):
     got = mod.read_log_chunk(p, "inv", clock=clock, sleep=sleep)
     assert got["lines"] == [] and sum(sleeps) == pytest.approx(3.0)
     assert mod.read_log_chunk(dict(p, log_path=str(tmp_path / "none")), "")["problem"].startswith("no start")
+
+
+# ---- subcommands: their own --help and flags, --version, -v -------------------------------------
+def help_of(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def flags(text):
+    import re
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+|-[a-zA-Z])\b", text))
+
+
+def test_each_subcommand_help_shows_only_its_own_flags(capsys):
+    deploy = flags(help_of(["deploy"], capsys))
+    assert {"-l", "-i", "-e", "-C", "-D", "--json", "-q", "-v", "--timeout"} <= deploy
+    assert not deploy & {"-n", "-f", "--plot", "--release", "--start", "--follow", "--explain"}
+    rollback = flags(help_of(["rollback"], capsys))
+    assert "--release" in rollback and "--plot" not in rollback
+    status = flags(help_of(["status"], capsys))
+    assert not status & {"-C", "-D", "-n", "--release", "--plot"}
+    history = help_of(["history"], capsys)
+    logs = help_of(["logs"], capsys)
+    # -n: releases for history, lines for logs - each says only its own meaning
+    assert "-n RELEASES" in history and "lines" not in history.split("-n RELEASES")[1].split("\n")[0]
+    assert "-n LINES" in logs and "--plot" not in logs and "--explain" in logs and "--follow" in logs
+    top = help_of([], capsys)
+    for name in ("deploy", "status", "restart", "rollback", "history", "logs", "check-log"):
+        assert name in top
+    assert "--limit" not in top and "--plot" not in top
+
+
+def test_version(capsys):
+    import yaml
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out.strip()
+    with open(os.path.join(api.REPO_ROOT, "galaxy.yml")) as fh:
+        version = yaml.safe_load(fh)["version"]
+    from importlib import metadata
+    assert out.startswith("dflash-trainer %s (collection dflash.trainer %s at " % (metadata.version("dflash-trainer"),
+                                                                                 version)), out
+
+
+def test_verbose_reaches_ansible_and_prints_its_output(monkeypatch, capsys):
+    seen = {}
+
+    def fake(name, **kw):
+        seen["verbosity"] = os.environ.get("ANSIBLE_VERBOSITY")
+        if kw["on_event"] is not None:
+            kw["on_event"]({"event": "runner_on_ok", "stdout": "ok: [gpu-host] => {\"changed\": false}",
+                            "event_data": {"host": "gpu-host"}})
+        return build_run_result(events("status_ok"), rc=0, status="successful")
+
+    monkeypatch.setattr(api, "run_playbook_live", fake)
+    monkeypatch.delenv("ANSIBLE_VERBOSITY", raising=False)
+    assert main(["status", "-vv", "-q"]) == 0
+    assert seen["verbosity"] == "2" and "ANSIBLE_VERBOSITY" not in os.environ
+    assert 'ok: [gpu-host] => {"changed": false}' in capsys.readouterr().err
+    assert main(["status", "-q"]) == 0
+    assert seen["verbosity"] is None
+
+
+def test_options_before_the_subcommand_still_work(monkeypatch, capsys):
+    seen = {}
+
+    def fake(name, **kw):
+        seen.update(kw, name=name)
+        return build_run_result(events("status_ok"), rc=0, status="successful")
+
+    monkeypatch.setattr(api, "run_playbook_live", fake)
+    assert main(["-l", "gpu-host", "-e", "a=1", "status", "-e", "b=2", "-q"]) == 0
+    assert seen["limit"] == "gpu-host" and seen["extravars"] == {"a": "1", "b": "2"}
+    with pytest.raises(SystemExit) as e:
+        main(["-C", "status"])
+    assert e.value.code == 2 and "--check does not go with status" in capsys.readouterr().err
+
+
+def test_an_option_of_another_subcommand_is_named(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["deploy", "-f"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: dflash-trainer deploy")
+    assert "options that only go with logs: -f (see dflash-trainer logs --help)" in err
+
+
+def test_e_reads_like_ansible_playbook():
+    from dflash_trainer.__main__ import parse_extravar
+    assert parse_extravar(r"trainer_step_regex=step:\s*(\d+)") == {"trainer_step_regex": r"step:\s*(\d+)"}
+    assert parse_extravar('msg="two words" n=1') == {"msg": "two words", "n": "1"}
+    with pytest.raises(ValueError):
+        parse_extravar("a=1 novalue")

@@ -55,7 +55,8 @@ def test_read_figure_never_stores_another_number(regex, line, value, problem):
 # --- the default regexes over real-looking lines ------------------------------------------------
 
 LINES = [
-    # line, step, tok/s, ready
+    # line, step, tok/s, ready (the default ready pattern also takes a line of the training counter
+    # while no throughput line was seen: the [N/M] and tqdm lines below are ready when alone)
     ("step=3 loss=2.1043 tok/s=41250.3 queue_target=9 queue_drafter=2", 3, 41250.3, True),
     ("step=5 tok/s=12.4K", 5, 12400.0, True),
     ("iter 5 | 21.5K tok/s | loss 2.31", 5, 21500.0, True),
@@ -66,11 +67,11 @@ LINES = [
     ("global_step=7 lr=3e-4 tok/sec: 980", 7, 980.0, True),
     ("Iteration 12: loss 3.2, 4100 tokens/s", 12, 4100.0, True),
     ("it=9 toks/s=1.5K", 9, 1500.0, True),
-    ("Epoch 1 [5/100] loss 2.1", 5, None, False),
-    ("Step: [6/100] loss 2.1", 6, None, False),
+    ("Epoch 1 [5/100] loss 2.1", 5, None, True),
+    ("Step: [6/100] loss 2.1", 6, None, True),
     ("batch 33/1000 tok/s 4,500", 33, 4500.0, True),
     (" 45%|####5     | 45/100 [00:10<00:12,  4.51it/s, loss=2.1, tok/s=12.4K]", 45, 12400.0, True),
-    ("7it [00:01,  4.51it/s]", 7, None, False),
+    ("7it [00:01,  4.51it/s]", 7, None, True),
     ("[12:00:01] INFO step 8 tok/s=41.2K", 8, 41200.0, True),
     ("tok/s=41250.3 (ema 41000 tok/s)", None, 41250.3, True),
     ("loss 2.31 tokens/s 12400", None, 12400.0, True),

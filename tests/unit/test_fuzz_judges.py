@@ -10,7 +10,8 @@ above the baseline, InvocationID ours or absent — and at least one of the two 
 expected GPU (all reported ones when none are named; at least one) reports memory at or above
 min_mib; this start's log (our marker seen) has a ready line, no error line and min_steps
 increasing steps; and all that held on every poll of the last hold_s seconds, during which the
-step counter rose.
+step counter rose at least twice (MIN_HOLD_RISES), its last rise no older than the stall window
+(stall_s, or 3 x the trainer's gap between rises when that is longer).
 
 DrainJudge READY exactly when, on each of the last ``consecutive`` polls, every selected GPU
 (all reported ones when none are named; at least one) reported memory at or below max_mib.
@@ -151,13 +152,13 @@ def oracle_allows_ready(history, expect):
     """history: [(now, conditions hold, max step)] up to this poll (the last entry): conditions
     held on every poll of the last hold_s s; with min_steps, the step counter rose in that window
     and its last rise (above every step seen before) is no more than stall_s old."""
-    now, ok, step = history[-1]
+    now, ok, _step = history[-1]
     if not ok:
         return False
     j = len(history) - 1
     while j > 0 and history[j - 1][1]:
         j -= 1
-    since, _ok, first_step = history[j]
+    since, _ok, _first_step = history[j]
     if now - since < expect.hold_s:
         return False
     if expect.min_steps <= 0:
@@ -167,8 +168,11 @@ def oracle_allows_ready(history, expect):
         if s is not None and (best is None or s > best):
             best = s
             rises.append(t)
-    rose = step is not None and first_step is not None and step > first_step
-    return rose and bool(rises) and now - rises[-1] <= expect.stall_s
+    # the stall window follows the trainer's cadence: never longer than 3 x its longest gap
+    gaps = [b - a for a, b in zip(rises, rises[1:])]
+    window = max([expect.stall_s] + [rd.STALL_CADENCE_FACTOR * g for g in gaps])
+    rose_twice = len([t for t in rises if t > since]) >= rd.MIN_HOLD_RISES
+    return rose_twice and now - rises[-1] <= window
 
 
 def drive(expect, world, keep_lines=None):

@@ -105,6 +105,9 @@ def oracle_marker(line):
 def oracle_this_start(text, invocation):
     """(marker, lines) of the last start of ``invocation``: the lines after its last marker up to
     the next marker of any start."""
+    # a line ends at "\r\n", "\n" or a lone "\r" (tqdm's redraw); a "\r" at the very end waits
+    text = text.replace("\r\n", "\n")
+    text = text[:-1].replace("\r", "\n") + text[-1:] if text else text
     lines = text.split("\n")
     found, start = None, None
     for i, line in enumerate(lines):
@@ -117,7 +120,7 @@ def oracle_this_start(text, invocation):
     for line in lines[start:]:
         if oracle_marker(line) is not None:
             break
-        out.append(line.rstrip("\r\n"))
+        out.append(tl.strip_ansi(line.rstrip("\r\n")))  # lines as shown: without escape sequences
     if text.endswith("\n") and out and out[-1] == "" and start + len(out) == len(lines):
         out.pop()  # the empty "line" after the final newline
     return found, out
@@ -187,6 +190,12 @@ MIB = 1 << 20
     ("step and blanks", "step" + " " * (10 * MIB)),
     ("tok/s and blanks", "tok/s" + " " * (10 * MIB) + "x"),
     ("digits before a unit", "1" * (10 * MIB) + " tok"),
+    # escape sequences, TorchTitan's tps, the words of a progress-like line, a counter's name
+    ("unfinished escapes", "\x1b]" * (10 * MIB // 2)),
+    ("a CSI that never ends", "\x1b[" + "0;" * (5 * MIB)),
+    ("tps and blanks", "tps" + " " * (10 * MIB) + "x"),
+    ("progress words", "loss " * (2 * MIB)),
+    ("a bar after a long name", "a" * (10 * MIB) + " 5/9 [00:01<00:01]"),
 ])
 def test_a_10_mib_line_is_analysed_in_linear_time(name, line):
     """Regression: the marker regex ("(.*?)\\s*<==") and the reason regex ("Error\\b.*?:") were
@@ -200,4 +209,4 @@ def test_a_10_mib_line_is_analysed_in_linear_time(name, line):
     follower.finish()
     assert time.monotonic() - start < 20.0, name
     a = follower.analysis
-    assert a.line_count == 2 and len(a.lines[0]) == len(line) and a.last_step == 7 and a.tok_s == 2.5
+    assert a.line_count == 2 and len(a.lines[0]) == len(tl.strip_ansi(line)) and a.last_step == 7 and a.tok_s == 2.5

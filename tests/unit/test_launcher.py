@@ -176,7 +176,8 @@ def test_sidecar_records_the_start_marker_offset(root):
 def test_rotation_keeps_k_files_each_starting_with_a_marker(root):
     log = root / "logs" / "t.log"
     log.parent.mkdir()
-    (root / "logs" / "t.log.3").write_text("from when keep was 3\n")   # keep lowered: removed
+    # beyond keep (keep lowered, or a person's file): never touched
+    (root / "logs" / "t.log.3").write_text("from when keep was 3\n")
     rel = root / "releases" / "abc123"
     (rel / "many.sh").write_text('#!/bin/sh\ni=0\n'
                                  'while [ $i -lt 3000 ]; do echo "step=$i tok/s=1.0 pad"; i=$((i+1)); done\n')
@@ -185,7 +186,8 @@ def test_rotation_keeps_k_files_each_starting_with_a_marker(root):
     res = launch(root, "./many.sh", flags=["--log-max-mib", "0.01", "--log-keep", "2"])
     assert res.returncode == 0
     files = sorted(p.name for p in log.parent.iterdir())
-    assert files == ["t.log", "t.log.1", "t.log.2", "t.log.start"]
+    assert files == ["t.log", "t.log.1", "t.log.2", "t.log.3", "t.log.start"]
+    assert (root / "logs" / "t.log.3").read_text() == "from when keep was 3\n"
     for name in ("t.log", "t.log.1", "t.log.2"):
         path = log.parent / name
         assert path.stat().st_size <= max_bytes, name

@@ -3,7 +3,10 @@ and the node's own processes; memory split by holder; the messages users read; n
 gives itself shown escaped, never read; the module on a node whose nvidia-smi refuses name queries."""
 import json
 import os
+import pathlib
+import shutil
 import stat
+import tempfile
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
@@ -38,12 +41,23 @@ from ansible_collections.dflash.trainer.plugins.modules import trainer_node_gpus
     ("12:cpuset:/\n11:pids:/lxc/201/ns/system.slice/t.service\n", (201, "t.service")),
     # the node's own processes
     ("0::/system.slice/xorg.service\n", (None, "xorg.service")),
-    ("0::/user.slice/user-0.slice/session-3.scope\n", (None, "session-3.scope")),
+    ("0::/user.slice/user-0.slice/session-3.scope\n", (None, None)),  # a login, no system unit
     # a shell attached to the container (lxc-attach / pct exec): in the container, in no unit
     ("0::/lxc.payload.200\n", (200, None)),
     ("0::/lxc/200/ns\n", (200, None)),
-    # a unit's own sub-cgroup: the innermost unit
-    ("0::/lxc/200/ns/system.slice/dflash-trainer.service/worker.scope\n", (200, "worker.scope")),
+    # below a unit: only the unit's own cgroup is the unit
+    ("0::/lxc/200/ns/system.slice/dflash-trainer.service/worker.scope\n", (200, None)),
+    ("0::/lxc.payload.200/system.slice/dflash-trainer.service/x\n", (200, None)),
+    # a user of the container runs a user unit of the trainer's name: in the container, never the unit
+    ("0::/lxc.payload.200/user.slice/user-1000.slice/user@1000.service/app.slice/dflash-trainer.service\n",
+     (200, None)),
+    ("0::/lxc/200/ns/user.slice/user-1000.slice/user@1000.service/app.slice/dflash-trainer.service\n", (200, None)),
+    ("0::/lxc/200/ns/user.slice/user-1000.slice/user@1000.service/dflash-trainer.service\n", (200, None)),
+    # not where the container's systemd puts its units: no unit
+    ("0::/lxc.payload.200/dflash-trainer.service\n", (200, None)),
+    ("0::/lxc/200/system.slice/dflash-trainer.service\n", (200, None)),  # Proxmox's path has /ns
+    ("0::/lxc.payload.200/app.slice/system.slice/dflash-trainer.service\n", (200, None)),
+    ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/xorg.service\n", (None, None)),
     # a container id is digits only; lxcfs-like names are not containers
     ("0::/lxc.monitor.200\n", (None, None)),
     ("", (None, None)),
@@ -51,7 +65,7 @@ from ansible_collections.dflash.trainer.plugins.modules import trainer_node_gpus
     # a tenant's hand-made sub-cgroup: its container is still the first component, and a name
     # outside systemd's unit alphabet is no unit (it would be shown as one)
     ("0::/lxc/231/ns/x; 1 MiB held by dflash-trainer in CT 200.service\n", (231, None)),
-    ("0::/lxc/231/ns/lxc/200/ns/system.slice/dflash-trainer.service\n", (231, "dflash-trainer.service")),
+    ("0::/lxc/231/ns/lxc/200/ns/system.slice/dflash-trainer.service\n", (231, None)),  # nested: 231's
     ("0::/lxc.payload.231/system.slice/system-getty.slice/getty@tty1.service\n", (231, "getty@tty1.service")),
     ("0::/system.slice/run-r3f2\\x2d1.scope\n", (None, "run-r3f2\\x2d1.scope")),
 ])
@@ -181,6 +195,18 @@ CGROUPS = {
 COMMS = {81234: "python3\n", 91234: "a, x\n1, p\n", 91235: "x\ny\n"}
 
 
+@pytest.fixture
+def tmp_path():
+    """Outside /tmp: the module runs only programs in directories nobody else may write, and
+    pytest's tmp_path lies in /tmp (sticky, world-writable)."""
+    base = tempfile.mkdtemp(prefix="dflash-node-test-", dir=os.path.expanduser("~"))
+    os.chmod(base, 0o700)
+    try:
+        yield pathlib.Path(base)
+    finally:
+        shutil.rmtree(base)
+
+
 def node_smi(tmp_path, apps):
     """A node nvidia-smi: --query-gpu answers QUERY_GPU; a process query answers ``apps`` only when
     it is the node's (gpu_uuid,pid,used_memory), else exits 2 as for an invalid field."""
@@ -235,3 +261,47 @@ def test_module_fails_on_a_malformed_row_naming_it(tmp_path, capsys, monkeypatch
     assert out["failed"]
     assert out["msg"].startswith("the node's nvidia-smi --query-compute-apps printed 1 malformed line")
     assert "line 3: '81234, p, %s, 20000' (4 fields, not 3)" % U[5] in out["msg"]
+
+
+APPS = ("gpu_uuid, pid, used_gpu_memory [MiB]\n%s, 81234, 30000 MiB\n%s, 81234, 30000 MiB\n" % (U[5], U[6]))
+
+
+def test_the_node_runs_no_nvidia_smi_another_user_may_change(tmp_path, capsys, monkeypatch):
+    smi = node_smi(tmp_path, APPS)
+    os.chmod(str(tmp_path), 0o1777)  # a sticky directory every user can write, as /tmp
+    out = run_node_module(tmp_path, capsys, monkeypatch, APPS, nvidia_smi=smi)
+    assert out["failed"] and "gpus" not in out
+    assert out["problems"] == ["trainer_node_nvidia_smi: %s, in %s (mode 1777), which every user can write: a program "
+                               "run as root must be a file root owns and only root may write, in directories only "
+                               "root may write (as sudo's secure_path)" % (smi, tmp_path)]
+    assert out["msg"] == "refused to read the node's GPUs: " + out["problems"][0]
+    os.chmod(str(tmp_path), 0o700)
+    os.chown(smi, 1000, 1000)
+    out = run_node_module(tmp_path, capsys, monkeypatch, APPS, nvidia_smi=smi)
+    assert out["failed"] and "which belongs to uid 1000" in out["msg"] and "trainer_node_nvidia_smi" in out["msg"]
+
+
+def test_the_node_python_is_judged_as_the_program_that_runs(tmp_path):
+    python = tmp_path / "python3"
+    python.write_text("#!/bin/sh\n")
+    os.chmod(str(python), 0o755)
+    smi = node_smi(tmp_path, APPS)
+    assert trainer_node_gpus.program_problems(str(python), smi, (0,)) == []
+    os.chown(str(python), 1000, 1000)
+    (got,) = trainer_node_gpus.program_problems(str(python), smi, (0,))
+    assert got.startswith("trainer_node_python: %s, which belongs to uid 1000" % python)
+    # the user the module runs as may run its own programs
+    assert trainer_node_gpus.program_problems(str(python), smi, (0, 1000)) == []
+
+
+def test_a_user_unit_of_the_trainers_name_is_not_the_trainer():
+    """uid 1000 in container 200 runs `systemctl --user start dflash-trainer`: its memory is
+    another holder's in our container (the pre-flight names it), never the trainer's."""
+    owners = {pid: owner(text) for pid, text in (
+        (1001, "0::/lxc/200/ns/system.slice/dflash-trainer.service\n"),
+        (1002, "0::/lxc/200/ns/user.slice/user-1000.slice/user@1000.service/app.slice/dflash-trainer.service\n"))}
+    (split,) = attribute([gpu(5, 4000, [(1001, "python3", 1000), (1002, "python3", 3000)])], owners, 200,
+                         "dflash-trainer")
+    assert (split["trainer_mib"], split["same_ct_mib"]) == (1000, 3000)
+    assert proof_problem([split], [5], 2000) is not None
+    assert "held by pid 1002 (python3) in CT 200" in preflight_problem([split], [5], 1024)

@@ -2,6 +2,10 @@
 absent or carries its mark, resolved paths included; the purge deletes only a torchinductor cache."""
 import json
 import os
+import pathlib
+import shutil
+import stat
+import tempfile
 
 import pytest
 
@@ -14,12 +18,24 @@ LAUNCHER = os.path.join(ROOT, "roles", "trainer", "files", "dflash-trainer-launc
 UNIT = "[Unit]\nDescription=DFlash trainer (dflash-trainer), managed by dflash.trainer\n"
 
 
+@pytest.fixture
+def tmp_path():
+    """A private directory outside /tmp (pytest's tmp_path lies in /tmp, a sticky directory every
+    user can write, which the check refuses for most files of ours, as it must on the target): in
+    root's home, root-owned from / down."""
+    base = tempfile.mkdtemp(prefix="dflash-ownership-test-", dir=os.path.expanduser("~"))
+    os.chmod(base, 0o700)
+    try:
+        yield pathlib.Path(base)
+    finally:
+        shutil.rmtree(base)
+
+
 @pytest.fixture(autouse=True)
-def tmp_is_not_world_writable_here(request, monkeypatch):
-    """pytest's tmp_path lies in /tmp, which the placement rule refuses for every file of ours: the
-    tests of real files judge everything but that rule (test_placements_refused checks it)."""
-    if "placement" not in request.node.name:
-        monkeypatch.setattr(o, "_WORLD_WRITABLE", ())
+def root_is_who_runs_the_tests(monkeypatch):
+    """Root's files are the ones the check trusts; a developer running the tests as another user
+    owns tmp_path: that uid stands in for root then."""
+    monkeypatch.setattr(o, "_ROOT_UID", os.geteuid())
 
 
 def facts(tmp_path, name, content, kind):
@@ -134,15 +150,6 @@ def test_defaults_and_usual_places_are_accepted(kind, path):
     assert o.placement_problem(kind, path) is None
 
 
-def test_state_files_need_a_root_owned_directory_nobody_else_writes():
-    base = {"path": "/data/x.json", "real": "/data/x.json", "exists": False, "parent": "/data"}
-    assert "owned by uid 1000" in o.judge("trainer_job_state_path", "state", dict(base, parent_uid=1000, parent_mode=0o755))
-    assert "others can write" in o.judge("trainer_job_state_path", "state", dict(base, parent_uid=0, parent_mode=0o1777))
-    assert o.judge("trainer_job_state_path", "state", dict(base, parent_uid=0, parent_mode=0o755)) is None
-    # a log may live in a directory its user owns (it is appended to, never a state file)
-    assert o.judge("trainer_log_path", "log", dict(base, parent_uid=1000, parent_mode=0o755)) is None
-
-
 def test_the_lock_is_a_directory_with_an_owner_record(tmp_path):
     lock = tmp_path / "x.lock"
     lock.mkdir()
@@ -210,7 +217,7 @@ def test_purge_refuses_what_is_not_a_cache_and_deletes_nothing(tmp_path):
 
 def test_purge_empties_a_mount_point_instead_of_removing_it(tmp_path, monkeypatch):
     path = cache_tree(tmp_path / "mnt", ["ab/", "locks/", "memoizer_cache.json"])
-    (tmp_path / "mnt" / "ab" / "k.so").write_text("x")
+    (tmp_path / "mnt" / "ab" / "cabm7qpgiyjpkp7if2jwvf7dvibbkcxzvaxvrwcbwndsspltizml.so").write_text("x")
     real_ismount = os.path.ismount
     monkeypatch.setattr(os.path, "ismount", lambda p: p == path or real_ismount(p))
     assert purge(path)
@@ -240,7 +247,7 @@ def test_managed_lists_every_file_a_deploy_writes():
     assert paths == ["/opt/r", "/usr/local/lib/dflash-trainer/launch", "/etc/dflash-trainer/trainer.env",
                      "/etc/systemd/system/t.service", "/workspace/t.log", "/workspace/t.log.start",
                      "/workspace/t.log.1", "/workspace/t.log.2", "/run/l", "/run/l.guard",
-                     "/run/dflash-trainer/s.json", "/tmp/torchinductor_root"]
+                     "/run/dflash-trainer/s.json", "/tmp/torchinductor_root", "nvidia-smi"]
     assert "/tmp/torchinductor_root" not in [p for _v, _k, p in o.managed(dict(v, trainer_purge_inductor_cache=False))]
 
 
@@ -262,3 +269,291 @@ def test_a_job_state_longer_than_the_head_is_still_ours(tmp_path):
     """The job state keeps log tails: far more than the 4 KiB a mark is looked for in."""
     state = {"job_id": "x", "done": True, "result": {"log_tail": ["line %d " % i + "x" * 200 for i in range(100)]}}
     assert judge_at(tmp_path, "restart.json", json.dumps(state, sort_keys=True), "state") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# every directory above a file of ours is root's and writable by root alone (sshd's StrictModes)
+
+def as_user(path, uid=1000, mode=None):
+    os.chown(str(path), uid, uid)
+    if mode is not None:
+        os.chmod(str(path), mode)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["log", "log_rotation", "log_start", "env", "launcher", "metrics", "state", "lock",
+                                  "lock_guard", "root"])
+def test_a_directory_another_user_owns_is_refused_naming_it(tmp_path, kind):
+    (tmp_path / "u").mkdir()
+    d = as_user(tmp_path / "u", mode=0o755)
+    why = o.judge("trainer_x", kind, o.observe(str(d / "f"), kind))
+    assert why == "%s is in %s, owned by uid 1000 (mode 0755): every directory above it must be root's, or that " \
+                  "user can replace the file before root %s it" % (d / "f", d, o._USE.get(kind, "writes"))
+
+
+def test_a_deeper_directory_of_another_user_is_refused_too(tmp_path):
+    (tmp_path / "u" / "deep").mkdir(parents=True)
+    as_user(tmp_path / "u", mode=0o700)
+    why = o.judge("trainer_env_file", "env", o.observe(str(tmp_path / "u" / "deep" / "missing" / "t.env"), "env"))
+    assert "is in %s, owned by uid 1000" % (tmp_path / "u") in why
+
+
+def test_a_group_writable_directory_is_refused(tmp_path):
+    (tmp_path / "g").mkdir()
+    os.chmod(str(tmp_path / "g"), 0o775)
+    why = o.judge("trainer_launcher_path", "launcher", o.observe(str(tmp_path / "g" / "launch"), "launcher"))
+    assert "is in %s (uid 0, mode 0775), which its group or others can write" % (tmp_path / "g") in why
+
+
+def test_a_sticky_shared_directory_holds_only_files_root_creates_anew(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(str(shared), 0o1777)
+    for kind in ("log", "log_start", "env", "launcher", "lock", "lock_guard", "root", "metrics"):
+        why = o.judge("trainer_x", kind, o.observe(str(shared / "f"), kind))
+        assert "is in %s (mode 1777), a directory every user can write" % shared in why, kind
+        assert "only the restart job's state" in why
+    # the job state: created with O_EXCL and renamed into place
+    assert o.judge("trainer_job_state_path", "state", o.observe(str(shared / "s.json"), "state")) is None
+    # ... but only right there: a directory below that is missing yet could be made by anyone first
+    why = o.judge("trainer_job_state_path", "state", o.observe(str(shared / "d" / "s.json"), "state"))
+    assert "a directory every user can write: another user can put a file or directory of theirs at that name " \
+           "first" in why
+    # ... and never one another user planted
+    (shared / "s.json").write_text(json.dumps({"job_id": "x"}))
+    as_user(shared / "s.json")
+    why = o.judge("trainer_job_state_path", "state", o.observe(str(shared / "s.json"), "state"))
+    assert why == "%s exists and belongs to uid 1000: root adopts only its own files" % (shared / "s.json")
+
+
+@pytest.mark.parametrize("kind,content", [
+    ("log", marker_line("a" * 32, "r1", 7, "t") + "\n"),
+    ("env", o.ENV_MARK + "\nLD_PRELOAD=\"/home/u/x.so\"\n"),
+    ("metrics", o.METRICS_MARK + " x\n"),
+])
+def test_a_file_of_another_user_is_not_adopted_even_with_our_mark(tmp_path, kind, content):
+    path = tmp_path / "f"
+    path.write_text(content)
+    as_user(path)
+    assert o.judge("trainer_x", kind, o.observe(str(path), kind)) == \
+        "%s exists and belongs to uid 1000: root adopts only its own files" % path
+    os.chown(str(path), 0, 0)
+    os.chmod(str(path), 0o666)
+    assert o.judge("trainer_x", kind, o.observe(str(path), kind)) == \
+        "%s exists with mode 0666: its group or others can change it" % path
+    os.chmod(str(path), 0o644)
+    assert o.judge("trainer_x", kind, o.observe(str(path), kind)) is None
+
+
+def test_the_chain_is_judged_from_slash_down():
+    f = {"path": "/data/x.log", "real": "/data/x.log", "exists": False,
+         "chain": [("/", 0, 0o755), ("/data", 0, 0o1777)]}
+    assert "is in /data (mode 1777)" in o.judge("trainer_log_path", "log", f)
+    f["chain"] = [("/", 1000, 0o755), ("/data", 0, 0o755)]
+    assert "is in /, owned by uid 1000" in o.judge("trainer_log_path", "log", f)
+    f["chain"] = [("/", 0, 0o755), ("/data", 0, 0o755)]
+    assert o.judge("trainer_log_path", "log", f) is None
+
+
+# -- the environment file and the launcher outlive a reboot -----------------------------------------
+
+MOUNTINFO = (
+    "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+    "23 22 0:22 / /run rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,size=1024k,mode=755\n"
+    "24 23 0:23 / /run/lock rw,nosuid,nodev,noexec - tmpfs tmpfs rw,size=5120k\n"
+    "25 22 0:24 / /data/my\\040disk rw - xfs /dev/sdb1 rw\n"
+    "26 22 0:25 / /tmp rw - tmpfs tmpfs rw\n"
+    "27 22 0:26 / /tmp rw - ext4 /dev/sdc1 rw\n"  # mounted over the tmpfs: the later line wins
+    "garbage\n"
+)
+
+
+@pytest.mark.parametrize("path,want", [
+    ("/etc/dflash-trainer/trainer.env", ("/", "ext4")),
+    ("/run/dflash-trainer/trainer.env", ("/run", "tmpfs")),
+    ("/run/lock/x", ("/run/lock", "tmpfs")),
+    ("/runner/x", ("/", "ext4")),
+    ("/data/my disk/t.env", ("/data/my disk", "xfs")),
+    ("/tmp/x", ("/tmp", "ext4")),
+])
+def test_mount_of_reads_mountinfo(path, want):
+    assert o.mount_of(path, MOUNTINFO) == want
+
+
+def test_mount_of_without_mountinfo():
+    assert o.mount_of("/x", None) is None and o.mount_of("/x", "nonsense\n") is None
+
+
+@pytest.mark.parametrize("kind", ["env", "launcher"])
+def test_the_environment_file_and_the_launcher_are_refused_on_a_tmpfs(kind):
+    f = {"path": "/run/dflash-trainer/f", "real": "/run/dflash-trainer/f", "exists": False,
+         "chain": [("/", 0, 0o755), ("/run", 0, 0o755)], "mount_point": "/run", "fstype": "tmpfs"}
+    why = o.judge("trainer_x", kind, f)
+    assert why.startswith("/run/dflash-trainer/f lies on a tmpfs (/run): it is lost at reboot, and the enabled unit "
+                          "then fails to start")
+    assert o.judge("trainer_x", "log", f) is None  # a log there is only lost
+    assert o.judge("trainer_x", kind, dict(f, fstype="ext4")) is None
+
+
+def test_observe_reads_this_machines_mounts(tmp_path):
+    f = o.observe(str(tmp_path / "t.env"), "env")
+    with open("/proc/self/mountinfo") as fh:
+        assert (f["mount_point"], f["fstype"]) == o.mount_of(str(tmp_path), fh.read())
+
+
+# -- the release root: ours by its marker ------------------------------------------------------------
+
+def release(root, rid, marked=True):
+    (root / "releases" / rid).mkdir(parents=True)
+    if marked:
+        (root / "releases" / rid / o.RELEASE_MARK_NAME).write_text("{}")
+
+
+def test_a_root_with_our_marker_is_ours(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / o.ROOT_MARK_NAME).write_text(o.ROOT_MARK + "\n")
+    (root / "notes.txt").write_text("x")  # an operator's file beside ours: the marker says the root is ours
+    assert o.judge("trainer_root", "root", o.observe(str(root), "root")) is None
+
+
+def test_a_root_an_older_version_made_is_adopted_when_everything_in_it_is_ours(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    release(root, "0123456789abcdef")
+    (root / "releases" / ".tmp-delete-x").mkdir()
+    (root / "current").symlink_to("releases/0123456789abcdef")
+    (root / "last_good").write_text("0123456789abcdef\n")
+    (root / "ledger.json").write_text(json.dumps({"version": 1, "entries": []}, sort_keys=True, indent=1))
+    (root / ".lock").write_text("")
+    f = o.observe(str(root), "root")
+    assert o.root_kind(f) == "legacy" and o.judge("trainer_root", "root", f) is None
+    # a ledger that is not ours, or a foreign name: not adopted
+    (root / "ledger.json").write_text('{"accounts": []}')
+    assert o.root_kind(o.observe(str(root), "root")) is None
+    (root / "ledger.json").write_text(json.dumps({"entries": []}))
+    (root / "id_rsa").write_text("x")
+    why = o.judge("trainer_root", "root", o.observe(str(root), "root"))
+    assert "is not a release root of dflash.trainer (no %s)" % o.ROOT_MARK_NAME in why and "id_rsa" in why
+
+
+def test_another_applications_deploy_root_is_refused(tmp_path):
+    """releases/ + current, the Capistrano layout: its releases carry no marker of ours."""
+    root = tmp_path / "app"
+    root.mkdir()
+    release(root, "20260101120000", marked=False)
+    (root / "current").symlink_to("releases/20260101120000")
+    why = o.judge("trainer_root", "root", o.observe(str(root), "root"))
+    assert "is not a release root of dflash.trainer" in why
+    assert "releases/ holds 20260101120000, which has no .dflash-release" in why
+
+
+def test_an_empty_root_is_ours_only_when_root_made_it(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "lost+found").mkdir()  # a fresh volume's mount point
+    assert o.judge("trainer_root", "root", o.observe(str(root), "root")) is None
+    as_user(root, mode=0o755)
+    assert o.judge("trainer_root", "root", o.observe(str(root), "root")) == \
+        "%s exists and belongs to uid 1000: root adopts only its own files" % root
+
+
+def test_what_a_root_holds_is_roots(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / o.ROOT_MARK_NAME).write_text(o.ROOT_MARK + "\n")
+    release(root, "r1")
+    (root / "ledger.json").write_text(json.dumps({"entries": []}))
+    as_user(root / "releases", mode=0o755)
+    assert "holds releases, which belongs to uid 1000" in o.judge("trainer_root", "root", o.observe(str(root), "root"))
+    os.chown(str(root / "releases"), 0, 0)
+    os.chmod(str(root / "ledger.json"), 0o666)
+    assert "holds ledger.json (mode 0666)" in o.judge("trainer_root", "root", o.observe(str(root), "root"))
+
+
+def test_the_first_lock_of_a_root_marks_it(tmp_path):
+    from ansible_collections.dflash.trainer.plugins.module_utils import _release_root as rr
+    root = tmp_path / "root"
+    release(root, "r1")
+    with rr._Lock(str(root)):
+        pass
+    assert (root / o.ROOT_MARK_NAME).read_text() == o.ROOT_MARK + "\n"
+    assert stat.S_IMODE(os.lstat(str(root / o.ROOT_MARK_NAME)).st_mode) == 0o644
+    assert rr.mark_root(str(root)) is False  # there already: left as it is
+    f = o.observe(str(root), "root")
+    assert o.root_kind(f) == "marked" and o.judge("trainer_root", "root", f) is None
+
+
+# -- programs run as root ----------------------------------------------------------------------------
+
+def program(tmp_path, rel="bin/nvidia-smi", mode=0o755):
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(str(path), mode)
+    return path
+
+
+def test_a_root_program_in_root_directories_is_accepted(tmp_path):
+    smi = program(tmp_path)
+    for item in (str(smi), o.program_item("nvidia-smi", str(tmp_path / "nowhere") + ":" + str(smi.parent))):
+        f = o.observe(item, o.PROGRAM)
+        assert f["found"] == str(smi) and o.judge("trainer_nvidia_smi", o.PROGRAM, f) is None
+
+
+def test_a_program_that_is_not_there_is_left_to_its_caller(tmp_path):
+    assert o.judge("trainer_nvidia_smi", o.PROGRAM, o.observe(str(tmp_path / "none"), o.PROGRAM)) is None
+    f = o.observe(o.program_item("nvidia-smi", str(tmp_path)), o.PROGRAM)
+    assert not f.get("found") and o.judge("trainer_nvidia_smi", o.PROGRAM, f) is None
+
+
+def test_another_users_program_or_directory_is_refused(tmp_path):
+    smi = program(tmp_path)
+    as_user(smi)
+    why = o.judge("trainer_nvidia_smi", o.PROGRAM, o.observe(str(smi), o.PROGRAM))
+    assert why == "%s, which belongs to uid 1000: a program run as root must be a file root owns and only root may " \
+                  "write, in directories only root may write (as sudo's secure_path)" % smi
+    os.chown(str(smi), 0, 0)
+    os.chmod(str(smi), 0o775)
+    why = o.judge("v", o.PROGRAM, o.observe(str(smi), o.PROGRAM))
+    assert "(mode 0775), which its group or others can change" in why
+    os.chmod(str(smi), 0o755)
+    os.chmod(str(smi.parent), 0o1777)
+    why = o.judge("v", o.PROGRAM, o.observe(o.program_item("nvidia-smi", str(smi.parent)), o.PROGRAM))
+    assert why.startswith("nvidia-smi resolves to %s, in %s (mode 1777), which every user can write"
+                          % (smi, smi.parent))
+    os.chmod(str(smi.parent), 0o755)
+    as_user(smi.parent)
+    assert "in %s, owned by uid 1000 (mode 0755)" % smi.parent in o.judge("v", o.PROGRAM,
+                                                                          o.observe(str(smi), o.PROGRAM))
+
+
+def test_a_symlinked_program_is_judged_where_it_leads(tmp_path):
+    real = program(tmp_path, "u/nvidia-smi")
+    as_user(tmp_path / "u", mode=0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").symlink_to(real)
+    why = o.judge("v", o.PROGRAM, o.observe(str(tmp_path / "bin" / "nvidia-smi"), o.PROGRAM))
+    assert why.startswith("%s resolves to %s, in %s, owned by uid 1000" % (tmp_path / "bin" / "nvidia-smi", real,
+                                                                           tmp_path / "u"))
+
+
+def test_search_dirs_is_get_bin_paths():
+    assert o.search_dirs(environ={"PATH": "/usr/bin:/sbin"}) == ["/usr/bin", "/sbin", "/usr/sbin", "/usr/local/sbin"]
+    assert o.search_dirs("/opt/conda/bin::/usr/bin") == ["/opt/conda/bin", "/usr/bin"]
+    assert o.program_lookup(o.program_item("python3", "/a:/b")) == ("python3", "/a:/b")
+    assert o.program_lookup(o.program_item("/usr/bin/python3", "/a")) == ("/usr/bin/python3", None)
+    assert o.program_lookup("nvidia-smi") == ("nvidia-smi", None)
+
+
+def test_managed_lists_the_programs_root_runs():
+    v = {"trainer_nvidia_smi": "/opt/nv/nvidia-smi", "trainer_preflight_command": ["python3", "-c", "import x"],
+         "trainer_command": ["./run.sh"], "trainer_env": {"PATH": "/opt/conda/bin:/usr/bin"}}
+    assert [(var, p) for var, k, p in o.managed(v) if k == o.PROGRAM] == [
+        ("trainer_nvidia_smi", "/opt/nv/nvidia-smi"),
+        ("trainer_preflight_command", o.program_item("python3", "/opt/conda/bin:/usr/bin"))]
+    v = {"trainer_command": ["/opt/venv/bin/python", "train.py"], "trainer_preflight_command": []}
+    assert [(var, p) for var, k, p in o.managed(v) if k == o.PROGRAM] == [
+        ("trainer_nvidia_smi", "nvidia-smi"), ("trainer_command", "/opt/venv/bin/python")]
+    v = {"trainer_command": ["python3"]}
+    assert o.program_lookup([p for _v, k, p in o.managed(v) if k == o.PROGRAM][-1]) == ("python3", o.SYSTEMD_PATH)

@@ -17,6 +17,7 @@ from dflash_trainer import plot
 from dflash_trainer.results import HostResult, RunResult, TrainerStatus
 
 LEDGER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "ledger", "incident.json")
+EXPERIMENTS = os.path.join(os.path.dirname(LEDGER), "experiments.json")
 RUNNING = "e5c0ffee00000005"
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -50,17 +51,39 @@ def test_only_the_newest_entry_of_the_running_release_is_running(rows):
 
 
 def test_thresholds_follow_the_gate_rule_of_the_collection(entries, rows):
-    """ratio x the previous good release's median, as _throughput.previous_good and gate judge it."""
+    """ratio x the median of the entry before that was proved, where the gate judges it (another release),
+    as _throughput.previous_proved and gate judge it."""
     pts = plot.points(rows, min_ratio=0.9)
     for i, p in enumerate(pts):
-        prev = t.previous_good(entries[:i], p.release)
-        want = None if prev is None else round(0.9 * prev["figures"]["tok_s"]["median"], 1)
+        prev = t.previous_proved(entries[:i])
+        judged = prev is not None and prev["release"] != p.release
+        want = round(0.9 * prev["figures"]["tok_s"]["median"], 1) if judged else None
         assert p.threshold == want, (i, p.threshold, want)
+        if p.median is not None and prev is not None:  # the chart's bar is the gate's own
+            refused = t.gate(t.compare(entries[i]["figures"], entries[:i], p.release), 0.9)
+            assert bool(refused) == (want is not None and p.median < want), i
     assert pts[0].threshold is None and pts[4].threshold == round(0.9 * 21310.5, 1)
+    assert pts[3].threshold is None and pts[5].threshold is None  # re-proofs of b2 right after b2's proof
     # the gate refused release d4 below its threshold and let e5 through above it
     assert pts[4].median < pts[4].threshold and pts[7].median >= pts[7].threshold
     assert t.gate(t.compare(entries[4]["figures"], entries[:4], entries[4]["release"]), 0.9)
     assert t.gate(t.compare(entries[7]["figures"], entries[:7], entries[7]["release"]), 0.9) is None
+
+
+def test_an_experiment_is_a_point_of_its_own_labelled_with_its_configuration():
+    """The same release with another command or environment: its own point, its own label, never a
+    gate threshold against itself, and the running ring on the installed configuration's point."""
+    entries = t.read_ledger(EXPERIMENTS)
+    ledger_rows = t.history_rows(entries, running="b2c0ffee00000002", running_config="9e1d4470", limit=50)
+    pts = plot.points(ledger_rows, min_ratio=0.9)
+    assert [(p.release[:2], p.config) for p in pts] == [("a1", None), ("b2", None), ("b2", "3fa1c2d9"),
+                                                        ("b2", "9e1d4470"), ("c3", "9e1d4470")]
+    assert plot.point_label(pts[3]) == "b2c0ffee\ngit 2b3c4d5\nconfig 9e1d4470"
+    assert plot.point_label(pts[4]).endswith("\nconfig 9e1d4470\nno tok/s")
+    assert plot.point_label(pts[0]) == "a1c0ffee\ngit 1a2b3c4"  # an entry of before: no configuration line
+    assert [p.index for p in pts if p.running] == [3]
+    # a bar where the release changed (c3's, though it failed before any figure), none for b2's experiments
+    assert [p.threshold is not None for p in pts] == [False, True, False, False, True]
 
 
 def test_labels_and_sources():
@@ -164,6 +187,17 @@ def test_html_is_a_self_contained_page_with_the_svg_inline_and_the_table(rows, t
     for e in t.read_ledger(LEDGER):
         assert "<td>%s</td>" % e["release"] in page  # full ids in the table
     assert "ModuleNotFoundError: No module named &#x27;flash_attn&#x27;" in page
+
+
+def test_the_chart_and_its_table_tell_experiments_apart(tmp_path):
+    rows = t.history_rows(t.read_ledger(EXPERIMENTS), limit=50)
+    path = str(tmp_path / "history.html")
+    plot.render({"gpu-host": plot.points(rows)}, path)
+    page = open(path, encoding="utf-8").read()
+    assert "<th>config</th>" in page and page.count("<td>9e1d4470</td>") == 2 and page.count("<td>3fa1c2d9</td>") == 1
+    labels = [texts(by_id(svg_tree(page))["label-%d" % i]) for i in range(5)]
+    assert [lab[2] if len(lab) > 2 else None for lab in labels] == [
+        None, None, "config 3fa1c2d9", "config 9e1d4470", "config 9e1d4470"]
 
 
 def test_png_is_a_png_of_the_figures_size(rows, tmp_path):

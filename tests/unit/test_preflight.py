@@ -88,3 +88,205 @@ def test_another_tenants_memory_from_the_node_view_is_allowed():
     assert gpu_problem(gpus, [7], 1024, False, set()) is not None
     assert gpu_problem(gpus, [7], 1024, False, set(), allowance={7: 20000}) is None
     assert gpu_problem(gpus, [7], 1024, False, set(), allowance={6: 20000}) is not None
+
+
+# -- the unit's environment (the default pre-flight) ------------------------------------------------
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight import (  # noqa: E402
+    DEFAULT_PROPERTIES,
+    environment_problem,
+    interpreter_check,
+    launcher_check,
+    preflight_properties,
+    reason_line,
+    transient_argv,
+    unit_exec_properties,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import (  # noqa: E402
+    PYTHON,
+    Refused,
+    run_preflight,
+)
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"PATH": "/opt/conda/bin:$PATH"}, "trainer_env PATH holds a '$': systemd does not expand variables"),
+    ({"LD_LIBRARY_PATH": "${CUDA_HOME}/lib64"}, "trainer_env LD_LIBRARY_PATH holds a '$'"),
+    ({"PYTHONPATH": "~/lib"}, "trainer_env PYTHONPATH holds a '~'"),
+    ({"PATH": "bin:/usr/bin"}, "trainer_env PATH holds a relative directory"),
+    ({"PATH": ""}, "trainer_env PATH is empty"),
+])
+def test_directory_lists_systemd_cannot_expand_are_refused_without_their_value(env, words):
+    problem = environment_problem(env)
+    assert problem.startswith(words)
+    assert "/opt/conda/bin:$PATH" not in problem and "${CUDA_HOME}" not in problem and "~/lib" not in problem
+
+
+def test_ordinary_environments_pass():
+    assert environment_problem({"PATH": "/opt/conda/bin:/usr/bin:/bin", "HF_TOKEN": "a$b", "X": "~"}) is None
+    assert environment_problem({}) is None
+
+
+UNIT = """# managed
+[Unit]
+Description=DFlash trainer (t), managed by dflash.trainer
+Environment=NOT_SERVICE=1
+
+[Service]
+Type=exec
+ExecStart="/usr/local/lib/dflash-trainer/launch" "--" "./run.sh"
+WorkingDirectory=/opt/dflash-trainer
+# a comment
+User=root
+EnvironmentFile=-/etc/default/locale
+EnvironmentFile=-/etc/locale.conf
+EnvironmentFile=/etc/dflash-trainer/trainer.env
+KillMode=control-group
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def test_the_unit_s_exec_settings_are_replayed_with_the_new_environment_file_and_the_release():
+    props = unit_exec_properties(UNIT)
+    assert props == [("WorkingDirectory", "/opt/dflash-trainer"), ("User", "root"),
+                     ("EnvironmentFile", "-/etc/default/locale"), ("EnvironmentFile", "-/etc/locale.conf"),
+                     ("EnvironmentFile", "/etc/dflash-trainer/trainer.env")]
+    out = preflight_properties(props, "/etc/dflash-trainer/trainer.env", "/tmp/x/trainer.env", "/opt/r/releases/abc")
+    assert out == [("User", "root"), ("EnvironmentFile", "-/etc/default/locale"),
+                   ("EnvironmentFile", "-/etc/locale.conf"), ("EnvironmentFile", "/tmp/x/trainer.env"),
+                   ("WorkingDirectory", "/opt/r/releases/abc")]
+    # without the unit's text: the role's own settings, the staged file last (it wins)
+    assert preflight_properties(list(DEFAULT_PROPERTIES), "/e", "/s", "/r")[-2:] == [
+        ("EnvironmentFile", "/s"), ("WorkingDirectory", "/r")]
+
+
+def test_transient_argv_is_one_argv_with_the_properties_and_the_launcher_variables():
+    argv = transient_argv("/usr/bin/systemd-run", "dflash-preflight-1.service", [("User", "root")],
+                          ["./run.sh", "a b"], 59.2, setenv=["DFLASH_RELEASE=abc"])
+    assert argv == ["/usr/bin/systemd-run", "--wait", "--pipe", "--collect", "--quiet", "--service-type=exec",
+                    "--unit", "dflash-preflight-1.service", "-p", "RuntimeMaxSec=60", "-p", "User=root", "--",
+                    "/usr/bin/env", "DFLASH_RELEASE=abc", "./run.sh", "a b"]
+
+
+def test_the_interpreter_is_started_harmlessly(tmp_path):
+    d = release(tmp_path)
+    assert interpreter_check(["./run.sh"], d, "/usr/bin:/bin") == (["/bin/sh", "-n", "./run.sh"],
+                                                                   "/bin/sh reads ./run.sh")
+    py = os.path.realpath("/usr/bin/python3")
+    argv, words = interpreter_check(["python3", "train.py"], d, os.path.dirname(py) + ":/usr/bin")
+    assert argv[1:] == ["-c", "pass"] and os.path.basename(argv[0]).startswith("python") and "starts" in words
+    env_script = tmp_path / "releases" / "abc123" / "t.py"
+    env_script.write_text("#!/usr/bin/env python3\n")
+    env_script.chmod(0o755)
+    assert interpreter_check(["./t.py"], d, "/usr/bin")[0] == ["/usr/bin/python3", "-c", "pass"]
+    assert interpreter_check(["true"], d, "/usr/bin:/bin") == (None, None)  # not an interpreter we know
+
+
+class FakeShell(object):
+    """The unit's environment as the pre-flight sees it: each run recorded, answers scripted."""
+
+    def __init__(self, env, answers=None):
+        self.env, self.answers, self.calls, self.closed = env, dict(answers or {}), [], False
+        self.where = "a fake unit"
+
+    def run(self, argv, timeout_s, setenv=()):
+        self.calls.append((list(argv), list(setenv)))
+        if argv[0] == PYTHON and argv[1:3] == ["-I", "-S"]:
+            return 0, json.dumps(dict(env=self.env, cwd="/r", uid=0)), ""
+        return self.answers.get(argv[-1], (0, "", ""))
+
+    def close(self):
+        self.closed = True
+
+
+def preflight(tmp_path, shell, env_content, command=("./run.sh",), preflight_command=()):
+    d = release(tmp_path)
+    p = dict(release_dir=d, command=list(command), environment_json="{}", preflight_command=list(preflight_command),
+             timeout_s=5, unit="t", gpus=[], max_mib=1024, gpu_foreign_mib={}, nvidia_smi="nvidia-smi",
+             unit_files=dict(env_content=env_content, unit_content=UNIT, env_path="/etc/dflash-trainer/trainer.env"))
+    seen = {}
+
+    def make_shell(_get, props, env_text, env_path, release_dir):
+        seen.update(props=props, env_text=env_text, env_path=env_path, release_dir=release_dir)
+        return shell
+
+    return run_preflight(p, lambda name: None, make_shell=make_shell), seen
+
+
+def test_the_default_preflight_runs_the_probe_and_the_interpreter_in_the_new_environment(tmp_path):
+    shell = FakeShell({"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})
+    res, seen = preflight(tmp_path, shell, 'HF_TOKEN="hf_abcdefgh"\n')
+    assert seen["env_text"].endswith('HF_TOKEN="hf_abcdefgh"\n')
+    assert seen["env_path"] == "/etc/dflash-trainer/trainer.env"
+    assert ("User", "root") in seen["props"]
+    assert [c[0] for c in shell.calls][1] == ["/bin/sh", "-n", "./run.sh"]
+    assert all("DFLASH_RELEASE=abc123" in c[1] for c in shell.calls) and shell.closed
+    assert any("HOME /root" in c for c in res["checks"])
+    assert "in the new environment /bin/sh reads ./run.sh" in res["checks"]
+
+
+def test_a_path_with_a_dollar_is_refused_before_anything_runs(tmp_path):
+    shell = FakeShell({"PATH": "/usr/bin"})
+    with pytest.raises(Refused) as err:
+        preflight(tmp_path, shell, 'PATH="/opt/conda/bin:\\$PATH"\n')
+    assert "trainer_env PATH holds a '$'" in err.value.result["msg"] and shell.calls == []
+
+
+def test_a_command_not_on_the_unit_s_path_is_refused(tmp_path):
+    shell = FakeShell({"PATH": "/opt/conda/bin"})  # what the unit's process really gets
+    with pytest.raises(Refused) as err:
+        preflight(tmp_path, shell, "", command=("python3", "train.py"))
+    assert "python3 is not on PATH (/opt/conda/bin)" in err.value.result["msg"] and shell.closed
+
+
+def test_an_interpreter_that_cannot_start_is_refused_with_its_output_masked(tmp_path):
+    py = os.path.realpath("/usr/bin/python3")
+    shell = FakeShell({"PATH": os.path.dirname(py)},
+                      answers={"pass": (1, "", "Fatal Python error: init_fs_encoding hf_abcdefgh\n")})
+    with pytest.raises(Refused) as err:
+        preflight(tmp_path, shell, 'PYTHONHOME="/nonexistent"\nHF_TOKEN="hf_abcdefgh"\n',
+                  command=("python3", "train.py"))
+    msg = err.value.result["msg"]
+    assert "does not start in the new environment" in msg and "exited with status 1: Fatal Python error" in msg
+    assert "hf_abcdefgh" not in json.dumps(err.value.result)
+
+
+def test_the_user_s_preflight_command_runs_in_the_unit_without_gpus(tmp_path):
+    shell = FakeShell({"PATH": "/usr/bin:/bin"}, answers={"import trainer": (0, "ok\n", "")})
+    res, _seen = preflight(tmp_path, shell, "", preflight_command=("python3", "-c", "import trainer"))
+    argv, setenv = shell.calls[-1]
+    assert argv == ["python3", "-c", "import trainer"] and "CUDA_VISIBLE_DEVICES=" in setenv
+    assert res["output"] == ["ok"]
+
+
+def test_the_launcher_s_interpreter_is_started_in_the_new_environment_first(tmp_path):
+    launcher = "#!/usr/bin/python3\n# dflash.trainer: the trainer unit's launcher\n"
+    assert launcher_check(launcher, "/usr/bin") == (["/usr/bin/python3", "-c", "pass"],
+                                                     "the launcher's /usr/bin/python3 starts")
+    assert launcher_check("#!/bin/sh\n", "/usr/bin") == (None, None) and launcher_check(None, "/bin") == (None, None)
+    shell = FakeShell({"PATH": "/usr/bin:/bin"},
+                      answers={"pass": (1, "", "Fatal Python error: init_fs_encoding: failed to get the "
+                                                "Python codec\n")})
+    d = release(tmp_path)
+    p = dict(release_dir=d, command=["./run.sh"], environment_json="{}", preflight_command=[], timeout_s=5, unit="t",
+             gpus=[], max_mib=1024, gpu_foreign_mib={}, nvidia_smi="nvidia-smi",
+             unit_files=dict(env_content='PYTHONHOME="/nonexistent"\n', unit_content=UNIT, launcher_content=launcher))
+    with pytest.raises(Refused) as err:
+        run_preflight(p, lambda name: None, make_shell=lambda *a: shell)
+    assert err.value.result["msg"].endswith(
+        "the unit's launcher does not start in the new environment: /usr/bin/python3 -c pass exited with status 1: "
+        "Fatal Python error: init_fs_encoding: failed to get the Python codec")
+
+
+def test_the_reason_is_the_line_that_names_the_error():
+    tail = ["Python path configuration:", "  PYTHONHOME = '***'",
+            "Fatal Python error: init_fs_encoding: failed to get the Python codec of the filesystem encoding",
+            "Python runtime state: core initialized", "ModuleNotFoundError: No module named 'encodings'",
+            "", "Current thread 0x00007f84ef61e040 (most recent call first):", "  <no Python frame>"]
+    assert reason_line(tail) == "ModuleNotFoundError: No module named 'encodings'"
+    assert reason_line(["just this"]) == "just this" and reason_line([]) == "no output"

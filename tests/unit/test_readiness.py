@@ -47,8 +47,8 @@ def progress(step):
 class Sim(object):
     """A trainer's observable state over time; ``snap(t)`` is one poll."""
 
-    def __init__(self, invocation=INV, preamble=""):
-        self.log = tl.StartLog(invocation)
+    def __init__(self, invocation=INV, preamble="", **log_kwargs):
+        self.log = tl.StartLog(invocation, **log_kwargs)
         self.log.feed(preamble + tl.marker_line(invocation, REL, 4242, "2026-11-30T04:05:06Z") + "\n")
 
     def say(self, *lines):
@@ -176,7 +176,7 @@ def test_stall_during_hold():
 
     t, v = run_until_done(judge(hold_s=30, stall_s=15), sim, 60, world)
     assert t == 22
-    assert v.reason == "no progress for 16 s (last step=7)"
+    assert v.reason == "no progress for 16 s (last step=7): longer than trainer_ready_stall_s=15"
 
 
 def test_absent_gpu_fails_at_once():
@@ -193,7 +193,8 @@ def test_hang_fails_at_deadline_naming_everything():
     j = judge()
     t, v = run_until_done(j, sim, 200, lambda t, s: (None, gpus(0)))
     assert t == 120
-    assert v.reason == ("not ready after 120 s: GPUs 0, 1, 2, 3, 4, 5, 6, 7 below 1024 MiB "
+    assert v.reason == ("not ready after 120 s (trainer_ready_timeout_s=120): "
+                        "GPUs 0, 1, 2, 3, 4, 5, 6, 7 below 1024 MiB "
                         "(0, 0, 0, 0, 0, 0, 0, 0 MiB); no line matching %r in this start's log; "
                         "no step values in this start's log" % tl.DEFAULT_READY_REGEX)
     assert v.details["log_tail"] == ["loading model"]
@@ -205,7 +206,8 @@ def test_partial_gpus_without_progress_fail_at_deadline_naming_gpus():
 
     t, v = run_until_done(judge(), sim, 200, lambda t, s: (None, gpus(HELD) | {5: 0, 6: 0, 7: 0}))
     assert t == 120
-    assert v.reason == ("not ready after 120 s: GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB); "
+    assert v.reason == ("not ready after 120 s (trainer_ready_timeout_s=120): "
+                        "GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB); "
                         "no line matching %r in this start's log; no step values in this start's log"
                         % tl.DEFAULT_READY_REGEX)
 
@@ -216,7 +218,7 @@ def test_stale_ready_line_from_earlier_invocation_does_not_count():
     sim = Sim(preamble=earlier).say("loading model")
     t, v = run_until_done(judge(timeout_s=30), sim, 60, lambda t, s: None)
     assert t == 30
-    assert v.reason == ("not ready after 30 s: no line matching %r in this start's log; "
+    assert v.reason == ("not ready after 30 s (trainer_ready_timeout_s=30): no line matching %r in this start's log; "
                         "no step values in this start's log" % tl.DEFAULT_READY_REGEX)
     assert v.details["log_tail"] == ["loading model"]
 
@@ -226,7 +228,8 @@ def test_missing_marker_is_named():
     sim.log = tl.StartLog(INV).feed(tl.marker_line(OLD_INV, REL, 1, "x") + "\n" + progress(1) + "\n")
     assert sim.log.marker is None
     v = judge(timeout_s=0).observe(sim.snap(0))
-    assert v.reason == "not ready after 0 s: no start marker for invocation %s in the log" % INV
+    assert v.reason == ("not ready after 0 s (trainer_ready_timeout_s=0): "
+                        "no start marker for invocation %s in the log" % INV)
 
 
 def test_slow_start_past_deadline():
@@ -239,13 +242,15 @@ def test_slow_start_past_deadline():
 
     t, v = run_until_done(judge(hold_s=10), sim, 200, world)
     assert t == 120
-    assert v.reason == "not ready after 120 s: conditions held for only 7 of 10 s"
+    assert v.reason == ("not ready after 120 s (trainer_ready_timeout_s=120): conditions held for only 7 of 10 s "
+                        "(trainer_ready_hold_s=10)")
 
 
 def test_only_one_step_is_not_enough():
     sim = Sim().say(progress(1))
     t, v = run_until_done(judge(timeout_s=5), sim, 10, lambda t, s: None)
-    assert v.reason == ("not ready after 5 s: only 1 of 2 increasing step values in this start's log "
+    assert v.reason == ("not ready after 5 s (trainer_ready_timeout_s=5): "
+                        "only 1 of 2 increasing step values in this start's log "
                         "(last step=1)")
 
 
@@ -328,7 +333,9 @@ def test_selected_gpus_only():
     sim.say(progress(3))
     j.observe(sim.snap(0, gpus_mib=gpus(0) | {0: HELD, 1: HELD}))
     sim.say(progress(4))
-    v = j.observe(sim.snap(1, gpus_mib=gpus(0) | {0: HELD, 1: HELD}))
+    assert j.observe(sim.snap(1, gpus_mib=gpus(0) | {0: HELD, 1: HELD})).state == rd.PENDING  # one rise in the hold
+    sim.say(progress(5))
+    v = j.observe(sim.snap(2, gpus_mib=gpus(0) | {0: HELD, 1: HELD}))
     assert v.state == rd.READY
     assert v.details["gpus_mib"] == {0: HELD, 1: HELD}
 
@@ -336,7 +343,7 @@ def test_selected_gpus_only():
 def test_unreadable_gpu_memory_blocks_ready():
     sim = Sim().say(progress(1), progress(2))
     v = judge(timeout_s=0).observe(sim.snap(0, gpus_mib=gpus() | {2: None}))
-    assert v.reason == "not ready after 0 s: GPU 2 memory unreadable"
+    assert v.reason == "not ready after 0 s (trainer_ready_timeout_s=0): GPU 2 memory unreadable"
 
 
 def test_next_wait_lands_on_deadline():
@@ -387,12 +394,16 @@ def test_progress_stopping_at_the_start_of_the_hold_fails_and_is_never_ready(int
             rises.append(t)
         return None, None
 
-    seen = run_polls(rd.Judge(rd.Expectations(invocation_id=INV)), sim, ticks(interval, 60), world)
+    j = rd.Judge(rd.Expectations(invocation_id=INV))
+    seen = run_polls(j, sim, ticks(interval, 60), world)
     t, v = seen[-1]
     assert rd.READY not in [v.state for _t, v in seen]
     assert v.state == rd.FAILED
-    assert v.reason.startswith("no progress for ") and v.reason.endswith(" s (last step=5)")
-    assert rises[-1] + 5 < t <= rises[-1] + 5 + interval      # within one poll of the stall window
+    assert v.reason.startswith("no progress for ") and " s (last step=5): longer than " in v.reason
+    # the stall window: 5 s, or 3 x the gap between rises this poller saw when that is longer
+    window = j.stall_window_s
+    assert window == pytest.approx(max(5.0, 3 * max(1.0, interval)))
+    assert rises[-1] + window < t <= rises[-1] + window + interval + 1e-9     # within one poll of the stall window
     assert float(v.reason.split()[3]) == pytest.approx(t - rises[-1], abs=0.1)
 
 
@@ -408,7 +419,8 @@ def test_the_gap_to_the_verdict_counts():
 
     seen = run_polls(judge(hold_s=10, stall_s=5), sim, ticks(1, 60), world)
     assert [v.state for _t, v in seen[:-1]] == [rd.PENDING] * 11
-    assert (seen[-1][0], seen[-1][1].reason) == (11, "no progress for 6 s (last step=6)")
+    assert (seen[-1][0], seen[-1][1].reason) == (
+        11, "no progress for 6 s (last step=6): longer than trainer_ready_stall_s=5")
 
 
 def test_progress_ending_exactly_one_stall_window_before_the_verdict_is_ready():
@@ -450,7 +462,8 @@ def test_stall_before_the_hold_fails_too():
         return None, None
 
     seen = run_polls(judge(hold_s=10, stall_s=5), sim, ticks(1, 60), world)
-    assert (seen[-1][0], seen[-1][1].reason) == (8, "no progress for 6 s (last step=3)")
+    assert (seen[-1][0], seen[-1][1].reason) == (
+        8, "no progress for 6 s (last step=3): longer than trainer_ready_stall_s=5")
 
 
 def test_slow_warm_up_before_min_steps_is_not_a_stall():
@@ -499,7 +512,9 @@ def test_gpu_left_behind_while_steps_advance_fails_within_the_stall_window():
 
     t, v = run_until_done(judge(hold_s=10, stall_s=5), sim, 200, world)
     assert t == 5
-    assert v.reason == "GPU 7 holds 100 MiB while the trainer is at step 40 (below 1024 MiB through 5 s of progress)"
+    assert v.reason == ("GPU 7 holds 100 MiB while the trainer is at step 40 "
+                        "(below trainer_gpu_min_mib=1024 MiB through "
+                        "5 s of progress; trainer_ready_stall_s=5)")
     assert v.details["step"] == 40
     assert v.details["gpus_mib"][7] == 100
 
@@ -514,7 +529,8 @@ def test_every_gpu_left_behind_is_named_with_its_mib():
     t, v = run_until_done(judge(hold_s=4, stall_s=2.5), sim, 200, world)
     assert t == 3
     assert v.reason == ("GPU 5 holds 0 MiB, GPU 6 holds 12 MiB, GPU 7 holds 0 MiB while the trainer "
-                        "is at step 4 (below 1024 MiB through 3 s of progress)")
+                        "is at step 4 (below trainer_gpu_min_mib=1024 MiB through 3 s of progress; "
+                        "3 s = 3 x the 1 s this trainer takes between steps, at least trainer_ready_stall_s=2.5)")
 
 
 def test_gpu_dropping_while_steps_advance_is_named_after_a_stall_window():
@@ -527,8 +543,8 @@ def test_gpu_dropping_while_steps_advance_is_named_after_a_stall_window():
 
     j = judge(hold_s=30, stall_s=5)
     t, v = run_until_done(j, sim, 200, world)
-    assert (t, v.reason) == (25, "GPU 2 holds 0 MiB while the trainer is at step 26 "
-                                 "(below 1024 MiB through 5 s of progress)")
+    assert (t, v.reason) == (25, "GPU 2 holds 0 MiB while the trainer is at step 26 (below "
+                                 "trainer_gpu_min_mib=1024 MiB through 5 s of progress; trainer_ready_stall_s=5)")
 
 
 def test_gpu_left_behind_needs_progress_not_just_time():
@@ -537,7 +553,7 @@ def test_gpu_left_behind_needs_progress_not_just_time():
     t, v = run_until_done(judge(hold_s=10, stall_s=5, timeout_s=60), sim, 200,
                           lambda t, s: (None, gpus(HELD) | {7: 0}))
     assert t == 60
-    assert v.reason.startswith("not ready after 60 s: GPU 7 below 1024 MiB (0 MiB)")
+    assert v.reason.startswith("not ready after 60 s (trainer_ready_timeout_s=60): GPU 7 below 1024 MiB (0 MiB)")
 
 
 def test_gpu_left_behind_is_off_without_step_checks():
@@ -548,7 +564,7 @@ def test_gpu_left_behind_is_off_without_step_checks():
         return None, gpus(HELD) | {7: 0}
 
     t, v = run_until_done(judge(hold_s=10, stall_s=5, min_steps=0, timeout_s=30), sim, 200, world)
-    assert (t, v.reason) == (30, "not ready after 30 s: GPU 7 below 1024 MiB (0 MiB)")
+    assert (t, v.reason) == (30, "not ready after 30 s (trainer_ready_timeout_s=30): GPU 7 below 1024 MiB (0 MiB)")
 
 
 def test_unreadable_gpu_is_not_left_behind():
@@ -560,7 +576,7 @@ def test_unreadable_gpu_is_not_left_behind():
         return None, gpus(HELD) | {4: None}
 
     t, v = run_until_done(judge(hold_s=10, stall_s=5, timeout_s=30), sim, 200, world)
-    assert (t, v.reason) == (30, "not ready after 30 s: GPU 4 memory unreadable")
+    assert (t, v.reason) == (30, "not ready after 30 s (trainer_ready_timeout_s=30): GPU 4 memory unreadable")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,6 +598,235 @@ def test_judge_refuses_a_stall_window_longer_than_the_hold(hold, stall, words):
 def test_stall_window_within_the_hold_is_accepted(hold, stall):
     assert rd.window_problem(hold, stall) is None
     assert judge(hold_s=hold, stall_s=stall).expect.stall_s == stall
+
+
+# ---------------------------------------------------------------------------------------------
+# the early word: the log goes on showing progress the proof cannot read
+
+MEGATRON = (" [2026-11-30 04:05:%02d.123] iteration %8d/   10000 | consumed samples: %d | elapsed time per "
+            "iteration (ms): 512.3 | lm loss: 2.3 |")
+OLD_STEP_REGEX = r"\bstep[=: ]\s*(\d+)"
+needs_progress_like = pytest.mark.skipif(not hasattr(tl.LogAnalysis(), "progress_like_line"),
+                                         reason="the log reader does not mark progress-like lines")
+
+
+def megatron(n):
+    return MEGATRON % (n % 60, n, 256 * n)
+
+
+def lines_every(period, first_at, make, stop_after=None):
+    """A world printing ``make(n)`` for n = 1, 2, ... every ``period`` s from ``first_at``."""
+    def world(t, sim):
+        while True:
+            n = sim.printed + 1
+            if t < first_at + (n - 1) * period or (stop_after is not None and n > stop_after):
+                break
+            sim.say(make(n))
+            sim.printed = n
+        return None, None
+    return world
+
+
+def sim_printing(**kw):
+    sim = Sim(**kw)
+    sim.printed = 0
+    return sim
+
+
+@needs_progress_like
+def test_lines_neither_regex_reads_fail_within_the_stall_window_naming_both():
+    # Megatron's line with a ready regex and a step regex that read none of it: the early word,
+    # stall_s after the first line that looks like progress, not the deadline.
+    sim = sim_printing(ready_regex=r"tok/s", step_regex=OLD_STEP_REGEX)
+    t, v = run_until_done(judge(timeout_s=900), sim, 900, lines_every(0.5, 30, megatron))
+    assert 30 + 5 < t <= 30 + 5 + 1 and t - 30 < 30
+    assert v.reason.startswith("the log shows `[2026-11-30 04:05:")
+    assert ("` but the proof read nothing from this start's log for 6 s after the first line that looks like "
+            "progress: trainer_ready_regex 'tok/s' matched no line and trainer_step_regex '%s' matched nothing; "
+            "set trainer_ready_regex to a regex that matches the trainer's progress line and trainer_step_regex "
+            "to one whose first group is its step counter (trainer_tokps_regex reads its throughput figure) "
+            "(the early word comes after trainer_ready_stall_s=5)" % OLD_STEP_REGEX) in v.reason
+
+
+def test_steps_read_and_no_ready_line_fail_after_the_hold_naming_trainer_ready_regex():
+    sim = sim_printing(ready_regex=r"tok/s")
+    t, v = run_until_done(judge(timeout_s=900), sim, 900, lines_every(1, 30, megatron))
+    assert 30 + 10 < t <= 30 + 10 + 1
+    assert v.reason.startswith("the log shows `[2026-11-30 04:05:")
+    assert ("(step %d read by trainer_step_regex) but trainer_ready_regex 'tok/s' matched no line for 11 s after "
+            "the first line that looks like progress: set trainer_ready_regex to a regex that matches the "
+            "trainer's progress line (and trainer_tokps_regex to one that reads its throughput figure, if it "
+            "has one) (the early word comes after trainer_ready_hold_s=10)" % (t - 30 + 1)) in v.reason
+
+
+def test_the_early_word_on_the_ready_line_waits_a_slow_trainers_stall_window():
+    # one line every 8 s: the stall window is 24 s (3 x 8), longer than the hold: the word comes after it
+    sim = sim_printing(ready_regex=r"tok/s")
+    j = judge(timeout_s=900)
+    t, v = run_until_done(j, sim, 900, lines_every(8, 240, megatron))
+    assert j.stall_window_s == 24
+    assert 240 + 24 < t <= 240 + 32 + 1
+    assert "(the early word comes after the stall window, 24 s = 3 x the 8 s this trainer takes between steps, " \
+           "at least trainer_ready_stall_s=5)" in v.reason
+
+
+def test_the_early_word_with_the_ready_line_keeps_naming_the_step_regex():
+    sim = sim_printing(step_regex=OLD_STEP_REGEX)
+    t, v = run_until_done(judge(), sim, 200, lines_every(1, 3, lambda n: "iter %d | 21.5K tok/s | loss 2.3" % n))
+    assert t == 9
+    assert v.reason == ("the log shows `iter 7 | 21.5K tok/s | loss 2.3` but trainer_step_regex '%s' matched nothing "
+                        "for 6 s after the first line matching trainer_ready_regex: set trainer_step_regex to a regex "
+                        "whose first group is the progress counter (the early word comes after "
+                        "trainer_ready_stall_s=5)" % OLD_STEP_REGEX)
+
+
+@needs_progress_like
+def test_other_output_after_a_progress_like_line_is_not_more_progress():
+    # "Num Epochs = 3" looks like progress; compile chatter after it does not: no early word, the
+    # steps that come later are read and proved
+    sim = sim_printing().say("***** Running training *****", "  Num Epochs = 3")
+
+    def world(t, sim):
+        if t < 120:
+            sim.say("compiling graph %d" % t)
+            return None, None
+        sim.say(progress(t - 119))
+        return None, None
+
+    t, v = run_until_done(judge(timeout_s=900), sim, 900, world)
+    assert (t, v.state) == (131, rd.READY)
+
+
+def test_a_log_that_only_grows_with_unreadable_output_fails_after_minutes_not_at_the_deadline():
+    # nothing in it looks like progress and nothing is read: 300 lines over 30 moments 10 s apart
+    sim = sim_printing(ready_regex=r"tok/s", step_regex=OLD_STEP_REGEX)
+    t, v = run_until_done(judge(timeout_s=900), sim, 900, lines_every(1, 0, lambda n: "%6d | 2.345 | 12345" % n))
+    # 30 moments 10 s apart: at 290; 300 lines: at 299
+    assert (t, v.state) == (299, rd.FAILED)
+    assert v.reason.startswith("this start's log grew by 300 lines over 299 s and the proof read nothing from it: "
+                               "trainer_ready_regex 'tok/s' matched no line and trainer_step_regex '%s' matched "
+                               "nothing; the last line: `300 | 2.345 | 12345`" % OLD_STEP_REGEX)
+    assert v.reason.endswith("(the early word comes after 300 lines written over 30 moments 10 s apart)")
+
+
+def test_a_burst_of_load_output_then_a_long_silent_load_is_not_unreadable_output():
+    sim = sim_printing()
+
+    def world(t, sim):
+        if t == 0:
+            sim.say(*["NCCL INFO ring %d" % i for i in range(2000)])
+        elif t in (100, 200, 300, 400):
+            sim.say("loaded %d shards" % t)
+        elif t >= 500:
+            sim.say(progress(t - 499))
+        return None, None
+
+    t, v = run_until_done(judge(timeout_s=900), sim, 900, world)
+    assert (t, v.state) == (511, rd.READY)
+
+
+def test_an_older_log_reader_without_progress_like_lines_counts_any_new_line():
+    class OldAnalysis(object):
+        """The log reader before it marked progress-like lines."""
+        def __init__(self, analysis):
+            self._analysis = analysis
+
+        def __getattr__(self, name):
+            if name in ("progress_like_line", "progress_like_at", "last_progress_like_line"):
+                raise AttributeError(name)
+            return getattr(self._analysis, name)
+
+    sim = sim_printing(step_regex=OLD_STEP_REGEX)
+    old = OldAnalysis(sim.log.analysis)
+    assert rd.progress_signature(old) == (0,)
+    j = judge()
+    sim.say("iter 1 | 21.5K tok/s")
+    assert j.observe(rd.Snapshot(now=0.0, unit=unit(), gpus_mib=gpus(), log=old)).state == rd.PENDING
+    sim.say("compiling")                              # any line is more output for an older reader
+    v = j.observe(rd.Snapshot(now=6.0, unit=unit(), gpus_mib=gpus(), log=old))
+    assert v.state == rd.FAILED
+    assert "matched nothing for 6 s after the first line matching trainer_ready_regex" in v.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# slow trainers by design: a silent load of minutes, then a line every 5-10 s
+
+def test_stall_window_follows_the_cadence_never_below_stall_s():
+    assert rd.stall_window(5, []) == 5
+    assert rd.stall_window(5, [1, 1, 1]) == 5
+    assert rd.stall_window(5, [8]) == 24
+    assert rd.stall_window(5, [10, 5]) == 15              # the low median: the faster half
+    assert rd.stall_window(5, [40, 1, 1]) == 5            # one warm-up gap does not stretch it for long
+
+
+@pytest.mark.parametrize("period", [5, 8, 10])
+def test_a_trainer_that_loads_for_four_minutes_then_logs_every_few_seconds_is_proved(period):
+    sim = sim_printing()
+    j = judge(timeout_s=900)                              # the role's default deadline
+    seen = run_polls(j, sim, ticks(1, 900), lines_every(period, 240, progress))
+    t, v = seen[-1]
+    assert v.state == rd.READY, v.reason
+    assert all(v.state == rd.PENDING for _t, v in seen[:-1])
+    # the hold (10 s) with two rises in it: steps 2, 3 and 4; the stall window is 3 periods
+    assert t == 240 + 3 * period and j.stall_window_s == 3 * period
+
+
+def test_a_trainer_whose_period_varies_between_5_and_10_s_is_proved():
+    sim = sim_printing()
+    times = [240, 245, 255, 260, 270, 275, 285, 290]
+
+    def world(t, sim):
+        while sim.printed < len(times) and times[sim.printed] <= t:
+            sim.printed += 1
+            sim.say(progress(sim.printed))
+        return None, None
+
+    seen = run_polls(judge(timeout_s=900), sim, ticks(1, 900), world)
+    assert seen[-1][1].state == rd.READY and rd.FAILED not in [v.state for _t, v in seen]
+
+
+def test_the_silent_load_before_the_first_step_is_never_a_stall():
+    sim = sim_printing().say("loading model")
+    seen = run_polls(judge(timeout_s=900), sim, ticks(1, 899), lambda t, s: None)
+    assert {v.state for _t, v in seen} == {rd.PENDING}
+
+
+def test_a_slow_trainer_that_hangs_fails_after_its_own_stall_window():
+    sim = sim_printing()
+    t, v = run_until_done(judge(timeout_s=900), sim, 900, lines_every(8, 240, progress, stop_after=2))
+    # step 2 at 248; the window is 3 x 8 = 24 s: the first poll past it
+    assert t == 248 + 25
+    assert v.reason == ("no progress for 25 s (last step=2): longer than 24 s = 3 x the 8 s this trainer takes "
+                        "between steps, at least trainer_ready_stall_s=5")
+
+
+def test_one_rise_in_the_hold_is_not_enough_when_the_window_is_longer_than_the_hold():
+    # steps 1, 2, 3 every 8 s, then a hang: the hold (from step 2 at 8) passes at 18 with only step 3
+    # in it; READY would be a trainer that hung; the stall window (24 s) names it at 41
+    sim = sim_printing()
+    seen = run_polls(judge(), sim, ticks(1, 120), lines_every(8, 0, progress, stop_after=3))
+    assert rd.READY not in [v.state for _t, v in seen]
+    assert (seen[-1][0], seen[-1][1].reason.split(":")[0]) == (41, "no progress for 25 s (last step=3)")
+
+
+def test_the_hold_that_ends_without_two_rises_says_so_at_the_deadline():
+    sim = sim_printing().say(progress(1), progress(2))
+    j = judge(hold_s=10, stall_s=10, timeout_s=20)
+    j.observe(sim.snap(0))
+    sim.say(progress(3))
+    assert j.observe(sim.snap(9)).state == rd.PENDING
+    v = j.observe(sim.snap(20))                       # no rise since 9: 11 s, within 3 x 9 s
+    assert v.reason == ("not ready after 20 s (trainer_ready_timeout_s=20): the step counter rose 1 times during "
+                        "the hold window, 2 needed (step=3)")
+
+
+def test_min_steps_0_is_said_in_the_verdict():
+    sim = sim_printing().say("serving 21.5K tok/s")
+    j = judge(min_steps=0, hold_s=2, stall_s=2)
+    assert j.observe(sim.snap(0)).state == rd.PENDING
+    v = j.observe(sim.snap(2))
+    assert v.state == rd.READY and v.details["step_checks"] is False
+    assert v.reason == "ready (no step checks: trainer_ready_min_steps=0): serving 21.5K tok/s"
 
 
 # ---------------------------------------------------------------------------------------------

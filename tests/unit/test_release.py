@@ -45,7 +45,7 @@ BASE_TREE = {
     "trainer.py": b"print('step=1')\n",
     "pkg/__init__.py": b"",
     "pkg/model.py": b"W = 1\n",
-    "conf/fault.env": b"DFLASH_FAKE_MODE=ok\n",
+    "conf/fault.env": b"FAKE_TRAINER_MODE=ok\n",
     "latest.py": ("LINK", "trainer.py"),
 }
 

@@ -1,6 +1,7 @@
 """The restart job's sequence (module_utils/_restart_job.py) with fake steps: what runs, in which
 order, what is marked good, when it rolls back, what it says."""
 import os
+import stat
 
 import pytest
 
@@ -152,11 +153,14 @@ def test_purge_never_follows_a_symlink(tmp_path):
     (keep / "f").write_text("x")
     link = tmp_path / "cache"
     link.symlink_to(keep)
-    assert purge(str(link)) and (keep / "f").exists() and not link.exists()
+    assert purge(str(link)) and (keep / "f").exists()
+    assert not link.is_symlink() and link.is_dir() and os.listdir(str(link)) == []  # a cache of its own
     cache = tmp_path / "cache2"
     (cache / "ab").mkdir(parents=True)
-    assert purge(str(cache)) and not cache.exists()
-    assert purge(str(cache)) is False and purge("") is False
+    # emptied, then made again empty, root's (the test's user's) and private
+    assert purge(str(cache)) and cache.is_dir() and os.listdir(str(cache)) == []
+    assert stat.S_IMODE(os.lstat(str(cache)).st_mode) == 0o700
+    assert purge("") is False
 
 
 def test_ledger_records_each_outcome_and_the_gate_rolls_back():

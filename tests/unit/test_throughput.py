@@ -30,8 +30,11 @@ def test_compare_with_previous_good_and_best():
     assert c["previous_release"] == "r1" and c["change_pct"] == -42.3 and c["best_median"] == 21900.0
 
 
-def test_compare_skips_the_same_release_and_says_when_nothing_to_compare():
+def test_compare_takes_the_entry_before_that_was_proved_whichever_release_and_says_when_nothing_to_compare():
+    # a restart of r0 is compared with r0's own proof: the entry before it in time that was proved
     c = t.compare({"tok_s": {"median": 100.0, "n": 3, "window_s": 10.0}}, led(200.0), "r0")
+    assert c["previous_release"] == "r0" and c["change_pct"] == -50.0
+    c = t.compare({"tok_s": {"median": 100.0, "n": 3, "window_s": 10.0}}, [t.entry("x", "failed", {}, now=1)], "r0")
     assert c["previous_release"] is None and "no previous good release measured" in c["words"]
 
 

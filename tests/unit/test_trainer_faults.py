@@ -72,13 +72,13 @@ class Trainer:
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKEGPU_STATE_DIR", str(tmp_path / "fakegpu"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_FAKE_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_TRAINER_")}
     base.update({
         "FAKEGPU_STATE_DIR": str(tmp_path / "fakegpu"),
         "PYTHONPATH": FAKEGPU_DIR,
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        "DFLASH_FAKE_STARTUP_S": "0.2",
-        "DFLASH_FAKE_STEP_INTERVAL_S": "0.1",
+        "FAKE_TRAINER_STARTUP_S": "0.2",
+        "FAKE_TRAINER_STEP_INTERVAL_S": "0.1",
     })
     return base
 
@@ -88,8 +88,8 @@ def start(env):
     started = []
 
     def _start(fault="none", script=None, extra_env=None, **knobs):
-        e = dict(env, DFLASH_FAKE_FAULT=fault)
-        e.update({"DFLASH_FAKE_" + k: str(v) for k, v in knobs.items()})
+        e = dict(env, FAKE_TRAINER_FAULT=fault)
+        e.update({"FAKE_TRAINER_" + k: str(v) for k, v in knobs.items()})
         e.update(extra_env or {})
         proc = subprocess.Popen(
             [sys.executable, script or os.path.join(TRAINER_DIR, "trainer.py")],
@@ -305,14 +305,14 @@ def test_fault_env_overrides_environment(start, tmp_path):
     assert trainer.steps == [1]
     (release / "fault.env").write_text("FAULT=exit0\n")
     proc = subprocess.run([str(release / "run.sh")], env=dict(
-        os.environ, PYTHONPATH=FAKEGPU_DIR, DFLASH_FAKE_FAULT="none"),
+        os.environ, PYTHONPATH=FAKEGPU_DIR, FAKE_TRAINER_FAULT="none"),
         capture_output=True, text=True, timeout=20, check=False)
     assert proc.returncode == 0
 
 
 def test_bad_knob_value(start):
     rc, lines = run_to_end(start, "none", TARGET_MIB="lots")
-    assert rc == 2 and any("DFLASH_FAKE_TARGET_MIB" in x for x in lines)
+    assert rc == 2 and any("FAKE_TRAINER_TARGET_MIB" in x for x in lines)
 
 
 def test_missing_fakegpu_is_a_clear_error(start):
@@ -326,7 +326,7 @@ def test_missing_fakegpu_is_a_clear_error(start):
 def _raw_output(env, **knobs):
     """Start the trainer with binary output (tqdm's "\\r" kept) and answer a function that
     returns the default analysis of what it wrote so far."""
-    e = dict(env, **{"DFLASH_FAKE_" + k: str(v) for k, v in knobs.items()})
+    e = dict(env, **{"FAKE_TRAINER_" + k: str(v) for k, v in knobs.items()})
     proc = subprocess.Popen([sys.executable, os.path.join(TRAINER_DIR, "trainer.py")], env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     chunks = []

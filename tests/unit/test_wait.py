@@ -335,7 +335,7 @@ def test_the_proof_fails_at_its_deadline_saying_what_was_missing(tmp_path):
     with pytest.raises(StepFailed) as err:
         prove(run, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer.log"), expect(timeout_s=2.5),
               REGEXES, clock=clock, sleep=clock.sleep)
-    assert err.value.msg.startswith("not ready after 2.5 s: ") and clock.slept == [1, 1, 0.5]
+    assert err.value.msg.startswith("not ready after 2.5 s (trainer_ready_timeout_s=2.5): ") and clock.slept == [1, 1, 0.5]
 
 
 def test_an_error_line_waits_for_the_exit_so_the_verdict_carries_it(tmp_path):
