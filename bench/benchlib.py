@@ -182,6 +182,31 @@ def find_tasks(rows, action, host=None):
     return [r for r in rows if r["action"] == action and (host is None or r["host"] == host)]
 
 
+def ran(rows, action, host=None):
+    """The tasks of ``action`` (for ``host``) that ran: not skipped."""
+    return [r for r in find_tasks(rows, action, host) if not r["result"].get("skipped")]
+
+
+RESTART_ACTION = "dflash.trainer.trainer_restart"
+
+
+def job_outcome(rows, host):
+    """The restart job's outcome as the role takes it: the last trainer_restart task for ``host``
+    (the call that starts the job, else the one that waits for it) that reported the job finished
+    -> (that task's row, the job's result: ok, msg, outcome, proof, rolled_back, failure_details, ...).
+    (None, None) when no call saw the job end."""
+    finished = [r for r in find_tasks(rows, RESTART_ACTION, host) if r["result"].get("finished")]
+    if not finished:
+        return None, None
+    return finished[-1], finished[-1]["result"].get("result") or {}
+
+
+def failed_invocation(job):
+    """The invocation id of the start whose proof failed, from the job's result (None if unknown)."""
+    details = job.get("failure_details") or {}
+    return details.get("invocation_id") or (details.get("unit") or {}).get("InvocationID") or None
+
+
 def recap_totals(doc):
     """Sum of the recap counters over all hosts."""
     totals = {}
@@ -301,6 +326,27 @@ def main_exit_time(entries, invocation_id=None, unit="dflash-trainer.service"):
         if EXITED.search(msg):
             return ts, msg
     return None, None
+
+
+STOP_LINE = re.compile(r"^Stopp(?:ing|ed) ")
+
+
+def unit_stop_time(entries, after, unit="dflash-trainer.service"):
+    """Time of systemd's first 'Stopping <unit>' or 'Stopped <unit>' line later than ``after`` (the
+    restart job stopping a failed start to roll back); returns (time, message) or (None, None)."""
+    for ts, msg, fields in entries:
+        if ts <= after or fields.get("UNIT", fields.get("_SYSTEMD_UNIT")) != unit:
+            continue
+        if STOP_LINE.match(msg) and unit in msg:
+            return ts, msg
+    return None, None
+
+
+def role_default(text, name):
+    """The value of the top-level ``name: value`` line of a role's defaults/main.yml text (a
+    scalar, as written, its comment left off); None when absent."""
+    m = re.search(r"^%s:[ \t]*([^#\n]*?)[ \t]*(?:#.*)?$" % re.escape(name), text, re.M)
+    return m.group(1) if m else None
 
 
 # --------------------------------------------------------------------------------------------

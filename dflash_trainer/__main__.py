@@ -1,46 +1,52 @@
 """dflash-trainer (python -m dflash_trainer): the dflash.trainer playbooks as subcommands, with
 typed per-host results, and check-log, which fits the readiness proof to a trainer offline.
 
-    dflash-trainer deploy   [-l HOST] [-i INVENTORY] [-e VARS]... [-C] [-D] [--json] [-q] [-v...]
-    dflash-trainer restart  [...same]            dflash-trainer rollback [--release ID] [...same]
-    dflash-trainer status   [-l HOST] [-i INVENTORY] [-e VARS]... [--json]
+    dflash-trainer deploy   [--src DIR] [--force] [-C|--check] [-D|--diff] [-l HOST] [-i INVENTORY] [-e VARS]...
+    dflash-trainer restart  [-C] [-D] [...]      dflash-trainer rollback [--to RELEASE] [-C] [-D] [...]
+    dflash-trainer stop     [...]                 dflash-trainer start    [...]
+    dflash-trainer status   [--watch [SECONDS]] [-l HOST] [-i INVENTORY] [-e VARS]... [--json]
     dflash-trainer history  [-n RELEASES] [--plot FILE [--min-tokps-ratio R]] [...]
     dflash-trainer logs     [-n LINES] [-f] [--start INVOCATION] [--explain] [...]
     dflash-trainer check-log FILE [-e VARS]... [--line-interval-s S] [--clock ...] [--at-end ...] [--json]
     dflash-trainer --version
 
-Each subcommand has its own --help. While a play runs, stderr says what it does (`step: <task>`, the
-restart job's phase); at the end stdout has each host's report, the diffs (--diff) and a summary
-table (deploy, restart, rollback). --json prints the RunResult instead (RunResult.from_dict reads it
-back). -v, -vv, ... is Ansible's verbosity (ANSIBLE_VERBOSITY for the run); ansible-playbook's own
-output then goes to stderr too. logs prints this start's last lines (-n), -f follows them until
-Ctrl-C or SIGTERM, --explain replays them through the proof (as check-log does). history prints
-the ledger's table and a sparkline of tok/s per release; --plot draws the chart
-(dflash_trainer/plot.py, matplotlib). check-log: see dflash_trainer/check_log.py.
+Each subcommand is the API function of the same name (dflash_trainer.deploy(limit, src=..., force=...,
+...)). Each has its own --help. While a play runs, stderr says what it does (`step: <task>`, the
+restart job's phase); at the end stdout has each host's report, the diffs (--diff) and the summary:
+one block per host (verdict, release and source, configuration, tok/s against the previous
+configuration, what was done, time taken) and the inventory read. --json prints the RunResult
+instead (RunResult.from_dict reads it back), the same summary in it. -v, -vv, ... is Ansible's
+verbosity; ansible-playbook's own output then goes to stderr too.
 
-Exit status: 0 when every host is ok, 1 when the run or a host failed (a run that matches no
-host included, a play stopped by Ctrl-C / SIGTERM), 2 on a usage error; logs -f stopped by
-Ctrl-C / SIGTERM: 0. check-log and logs --explain: 0 when the proof would pass, 1 when it would
-fail, 2 on bad input.
+Exit status (RunResult.exit_code, derived from the structured results): 0 healthy / proved; 1 the
+trainer is unhealthy or the proof failed (rolled back or not), or the run was stopped; 2 refused
+before any change (bad input and usage errors, lock held, pre-flight refused, no host matched); 3 a
+host unreachable; 4 Ansible could not be started. logs -f stopped by Ctrl-C / SIGTERM: 0.
+check-log and logs --explain: 0 when the proof would pass, 1 when it would fail, 2 on bad input.
 -e takes what ansible-playbook's -e takes: key=value (Ansible's own parser: quotes group words,
 backslashes stay), a JSON object, @file (YAML/JSON).
-Configuration and inventory are the caller's, as for ansible-playbook run from the checkout:
-$ANSIBLE_CONFIG when set (else the checkout's ansible.cfg), -i when given (else that
-configuration's inventory); host key checking stays as that configuration says.
+Configuration and inventory are the caller's (see dflash_trainer.api): -i, else $ANSIBLE_INVENTORY,
+else the configuration's (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg, /etc/ansible/ansible.cfg).
+The checkout's ansible.cfg, and with it the lab's inventory, only when working inside the checkout.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import signal
 import sys
 from typing import Optional
 
-from . import api, check_log, plot, progress
-from .results import HostResult, RunResult, TrainerLog
+from . import api, plot, progress
+from .results import EXIT_REFUSED, HostResult, RunResult, TrainerLog
 
+# the module (the package's name check_log is the API function)
+check_log = importlib.import_module(__package__ + ".check_log" if __package__ else "dflash_trainer.check_log")
+
+WATCH_S = 10  # status --watch: seconds between two reads
 PLOT_HISTORY = 50  # the ledger's length (LEDGER_KEEP in plugins/module_utils/_throughput.py)
 EXPLAIN_LINES = 5000  # logs --explain: this start's lines fetched to replay (unless -n says otherwise)
 
@@ -183,7 +189,7 @@ def run_logs(args, kwargs, stop: Stop) -> int:
                 print_log(host, h.log, many, args.json)
         if not result.ok:
             print(describe(result, args.limit), file=sys.stderr)
-            return 1
+            return result.exit_code
         if args.explain:
             return 2 if 2 in verdicts else 0 if verdicts and all(v == 0 for v in verdicts) else 1
         return 0
@@ -198,7 +204,7 @@ def run_logs(args, kwargs, stop: Stop) -> int:
     if stop():
         return 0
     print(describe(result, args.limit), file=sys.stderr)
-    return 0 if result.ok else 1
+    return result.exit_code
 
 
 def explain_log(host: str, log: TrainerLog, asked: int, extravars: dict, args) -> int:
@@ -286,7 +292,9 @@ HELP = {
               "ready; roll back on a failed proof (deploy.yml)",
     "status": "read-only: the unit, the releases, GPU memory, this start's last progress line",
     "restart": "restart on the current release and prove it (playbooks/restart.yml)",
-    "rollback": "switch to the last good release (or --release), restart, prove (playbooks/rollback.yml)",
+    "rollback": "switch to the last good release (or --to RELEASE), restart, prove (playbooks/rollback.yml)",
+    "stop": "stop the trainer on purpose, under the deploy lock (playbooks/stop.yml)",
+    "start": "start the stopped trainer on its current release and prove it (playbooks/start.yml)",
     "history": "read-only: the last releases with their measured tok/s and verdicts",
     "logs": "read-only: this start's last log lines (-f follows them, --explain replays them through the proof)",
     "check-log": "offline: replay a captured log through the readiness proof's log judge",
@@ -313,7 +321,24 @@ removed (their time is used).
 Capture a log: journalctl -u dflash-trainer -o short-iso -a --no-pager > trainer.log (in the
 container; -a keeps lines with "\\r"), or cp /workspace/trainer.log (trainer_log_path).
 """ % check_log.DEFAULT_LINE_INTERVAL_S
-EPILOG = "exit status: 0 ok, 1 failed, 2 usage error"
+EXIT_TAIL = ("2 refused before any change (bad input or usage, the deploy lock held, the pre-flight refused, no host "
+             "matched); 3 a host unreachable; 4 Ansible could not be started (no ansible-playbook, configuration "
+             "or collection)")
+EPILOGS = {
+    "deploy": "exit status: 0 proved (or nothing to change); 1 the proof failed (rolled back or not), or the run "
+              "was stopped; " + EXIT_TAIL,
+    "restart": "exit status: 0 proved; 1 the proof failed (rolled back or not), or the run was stopped; " + EXIT_TAIL,
+    "rollback": "exit status: 0 the release rolled back to was proved; 1 its proof failed, or the run was stopped; "
+                + EXIT_TAIL,
+    "start": "exit status: 0 started and proved; 1 the proof failed, or the run was stopped; " + EXIT_TAIL,
+    "stop": "exit status: 0 stopped; 1 the stop failed, or the run was stopped; " + EXIT_TAIL,
+    "status": "exit status: 0 every trainer runs its proved release healthily; 1 one does not; " + EXIT_TAIL
+              + ". --watch: the last read's status when Ctrl-C ends it",
+    "history": "exit status: 0 read (and the chart written); 1 the read failed or no chart was written; " + EXIT_TAIL,
+    "logs": "exit status: 0 read (-f: also when Ctrl-C or SIGTERM ends it); 1 the read failed; " + EXIT_TAIL
+            + ". --explain: 0 when the proof would pass, 1 when it would fail, 2 on bad input",
+}
+EPILOG = "exit status: 0 healthy / proved; 1 unhealthy or the proof failed (rolled back or not); " + EXIT_TAIL
 CHECK_EPILOG = "exit status: 0 when the proof would pass, 1 when it would fail, 2 on bad input"
 
 
@@ -376,22 +401,37 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", metavar="COMMAND", required=True)
     parser.commands = {}  # name -> its parser (its errors show its own usage)
 
-    def command(name, epilog=EPILOG, **kw):
+    def command(name, epilog=None, **kw):
         parser.commands[name] = sub.add_parser(
-            name, help=HELP[name], description=kw.pop("description", HELP[name]), epilog=epilog,
+            name, help=HELP[name], description=kw.pop("description", HELP[name]), epilog=epilog or EPILOGS[name],
             formatter_class=kw.pop("formatter_class", argparse.HelpFormatter), **kw)
         return parser.commands[name]
 
-    for name in ("deploy", "restart", "rollback"):
+    for name in ("deploy", "restart", "rollback", "stop", "start"):
         p = command(name)
         _add_target(p)
         _add_change(p)
+        if name == "deploy":
+            p.add_argument("--src", metavar="DIR", help="the trainer's code to upload (trainer_src; default: the "
+                                                         "inventory's or -e trainer_src)")
+            p.add_argument("--force", action="store_true",
+                           help="restart and prove even when nothing changed, and accept a slower release "
+                                "(trainer_force_restart=true)")
+        if name == "stop":
+            p.add_argument("--disable", action="store_true", help="also disable the unit: it stays stopped across a "
+                                                                  "reboot of the container (trainer_stop_disable=true)")
         if name == "rollback":
-            p.add_argument("--release", help="the release to switch to (default: the last good one)")
-        p.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+            p.add_argument("--to", "--release", dest="to", metavar="RELEASE",
+                           help="the release to switch to (trainer_rollback_release; default: the last good one)")
+        p.add_argument("--json", action="store_true", help="print the RunResult as JSON (with exit_code and each "
+                                                           "host's summary)")
     p = command("status")
     _add_target(p)
-    p.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+    p.add_argument("--watch", nargs="?", type=float, const=WATCH_S, metavar="SECONDS",
+                   help="read the status again every SECONDS (default %d; one ansible-playbook run per read) and "
+                        "print a line per host when something changes (the unit, the releases, the health, the "
+                        "restarts, the last job), until Ctrl-C" % WATCH_S)
+    p.add_argument("--json", action="store_true", help="print the RunResult as JSON (--watch: one object per change)")
     p = command("history")
     _add_target(p)
     p.add_argument("-n", "--count", type=int, metavar="RELEASES", help="how many releases (default 10)")
@@ -523,6 +563,9 @@ def with_ansible_output(watcher, stream=None):
 
     def handle(event: dict) -> None:
         text = event.get("stdout")
+        data = event.get("event_data") if isinstance(event.get("event_data"), dict) else {}
+        if event.get("event") == "runner_retry" and progress._is(progress._action(data), "trainer_restart"):
+            text = None  # "FAILED - RETRYING: ... Watch the restart job": the phase line says what it waits for
         if text:
             stream.write(text + "\n")
             stream.flush()
@@ -564,20 +607,70 @@ def write_chart(result: RunResult, path: str, min_ratio: Optional[float]) -> int
     return 0
 
 
-def run(args, extravars: dict, stop: Stop) -> int:
-    kwargs = dict(limit=args.limit, inventory=args.inventory, extravars=extravars, timeout=args.timeout)
-    if args.action == "logs":
-        return run_logs(args, kwargs, stop)
-    if args.action == "rollback" and args.release:
-        extravars["trainer_rollback_release"] = args.release
-    if args.action == "history" and (args.count or args.plot):
+def api_call(args, extravars: dict, on_event, stop: Stop) -> RunResult:
+    """The subcommand as its API function, with the CLI's options as its keyword arguments."""
+    kwargs = dict(extravars=extravars, inventory=args.inventory, timeout=args.timeout, on_event=on_event, cancel=stop)
+    if args.action in ("deploy", "restart", "rollback", "stop", "start"):
+        kwargs.update(check=args.check, diff=args.diff)
+    if args.action == "deploy":
+        kwargs.update(src=args.src, force=args.force)
+    elif args.action == "rollback":
+        kwargs.update(to=args.to)
+    elif args.action == "stop":
+        kwargs.update(disable=args.disable)
+    elif args.action == "history" and (args.count or args.plot):
         # a chart shows the whole ledger (its last 50 entries) unless -n says otherwise
-        extravars["trainer_history_count"] = int(args.count or PLOT_HISTORY)
+        kwargs.update(count=int(args.count or PLOT_HISTORY))
+    result = getattr(api, args.action)(args.limit, **kwargs)
+    result.playbook = result.playbook or args.action
+    return result
+
+
+def watch_line(host: str, h: Optional[HostResult], result: RunResult) -> str:
+    """status --watch: one host's state in one line."""
+    import time
+    stamp = time.strftime("%H:%M:%S")
+    if not host:
+        return "%s run: exit %d: %s" % (stamp, result.exit_code, ((result.reason or "no host").splitlines() or ["?"])[0])
+    if h is None:
+        return "%s %s: no longer in the run" % (stamp, host)
+    s = h.status
+    if s is None:
+        return "%s %s: %s (exit %d): %s" % (stamp, host, h.verdict("status").upper(), h.exit_code,
+                                             ((h.reason or "").splitlines() or ["no status read"])[0])
+    health = (s.health or {}).get("words") or "-"
+    return "%s %s: %s (exit %d) unit %s/%s pid %s, running %s, current %s, last good %s%s, restarts %s, %s tok/s; %s" % (
+        stamp, host, h.verdict("status").upper(), h.exit_code, s.active_state, s.sub_state, s.main_pid,
+        s.running_release or "-", s.current_release or "-", s.last_good or "-", " DRIFT" if s.drift else "",
+        s.n_restarts, progress._fmt_tok_s(s.tok_s), health)
+
+
+def run_watch(args, extravars: dict, stop: Stop) -> int:
+    def on_change(host, h, result):
+        if args.json:
+            print(json.dumps(dict(host=host or None, exit_code=h.exit_code if h else result.exit_code,
+                                  result=h.to_dict("status") if h else None), sort_keys=True), flush=True)
+        else:
+            print(watch_line(host, h, result), flush=True)
+
+    result = api.watch_status(on_change, args.limit, interval_s=args.watch, stop=stop, extravars=extravars,
+                              inventory=args.inventory, timeout=args.timeout)
+    return result.exit_code
+
+
+def run(args, extravars: dict, stop: Stop) -> int:
+    if args.action == "logs":
+        kwargs = dict(limit=args.limit, inventory=args.inventory, extravars=extravars, timeout=args.timeout)
+        return run_logs(args, kwargs, stop)
+    if getattr(args, "watch", None) is not None:
+        if args.watch <= 0:
+            print("dflash-trainer status: --watch SECONDS must be more than 0, got %s" % args.watch, file=sys.stderr)
+            return EXIT_REFUSED
+        return run_watch(args, extravars, stop)
     watcher = None if args.quiet else progress.Progress(sys.stderr)
     if args.verbose:
         watcher = with_ansible_output(watcher)
-    result = api.run_playbook_live(args.action, check=getattr(args, "check", False), diff=getattr(args, "diff", False),
-                                   on_event=watcher, cancel=stop, **kwargs)
+    result = api_call(args, extravars, watcher, stop)
 
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
@@ -589,11 +682,10 @@ def run(args, extravars: dict, stop: Stop) -> int:
         diffs = progress.diffs_text(result)
         if diffs:
             print(diffs)
-        if args.action in ("deploy", "restart", "rollback") and result.hosts:
-            progress.print_summary(result)
+        progress.print_summary(result)
     if getattr(args, "plot", None) and result.ok:
         return write_chart(result, args.plot, args.min_tokps_ratio)
-    return 0 if result.ok else 1
+    return result.exit_code
 
 
 if __name__ == "__main__":

@@ -463,6 +463,11 @@ class Replay:
     def ok(self) -> bool:
         return self.state == READY
 
+    @property
+    def exit_code(self) -> int:
+        """check-log's exit status: 0 the proof would pass, 1 it would fail (2, bad input, is BadInput)."""
+        return 0 if self.ok else 1
+
     def as_dict(self) -> dict:
         return dict(
             source=self.source, ok=self.ok, clock=self.clock, line_interval_s=self.line_interval_s, at_end=self.at_end,

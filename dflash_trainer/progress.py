@@ -1,5 +1,6 @@
-"""What the CLI shows while a play runs and after it: progress lines from ansible-runner's events,
-a summary table, diffs, log lines.
+"""What the CLI shows while a play runs and after it: progress lines from ansible-runner's events
+(the restart job's phase: stopping, draining, purging, starting, proving, ...), the end-of-run
+summary (one block per host), diffs, log lines.
 
 Terminal output goes through rich (`pip install dflash-trainer[cli]`) when it is installed and the
 stream is a terminal; otherwise - or when rich is missing - plain text, the same words.
@@ -53,6 +54,7 @@ class Progress:
         self._console = _rich_console(stream)
         self._job_started: Optional[float] = None
         self._last_phase: Optional[str] = None
+        self._phase_said: Optional[float] = None
 
     def say(self, text: str, style: Optional[str] = None) -> None:
         self.lines.append(text)
@@ -91,24 +93,20 @@ class Progress:
             self.say("  %s on %s: %s" % ("UNREACHABLE" if name == "runner_on_unreachable" else "failed",
                                          data.get("host"), msg[0] if msg else "(no message)"), style="red")
 
+    HEARTBEAT_S = 30  # a phase that lasts is said again this often (the watch comes back every 10 s)
+
     def _phase(self, phase: str) -> None:
-        since = "" if self._job_started is None else " (%d s)" % int(self.clock() - self._job_started)
-        if phase != self._last_phase or since:
+        """The restart job's phase, when it changes (and every HEARTBEAT_S while it lasts): the
+        watch task's retries are these lines, never Ansible's "FAILED - RETRYING"."""
+        now = self.clock()
+        since = "" if self._job_started is None else " (%d s)" % int(now - self._job_started)
+        if phase != self._last_phase or self._phase_said is None or now - self._phase_said >= self.HEARTBEAT_S:
             self.say("  restart job: %s%s" % (phase, since), style="cyan")
+            self._phase_said = now
         self._last_phase = phase
 
 
 # --- after the run ---------------------------------------------------------------------------------
-
-def _tok_s(h: HostResult) -> Optional[float]:
-    if h.comparison and h.comparison.get("median") is not None:
-        return h.comparison.get("median")
-    if h.proof and h.proof.tok_s is not None:
-        return h.proof.tok_s
-    if h.status and h.status.tok_s is not None:
-        return h.status.tok_s
-    return None
-
 
 def _fmt_tok_s(value) -> str:
     try:
@@ -117,47 +115,78 @@ def _fmt_tok_s(value) -> str:
         return "-"
 
 
-def summary_rows(result: RunResult) -> list[list[str]]:
-    """[host, result, release, restarted, rolled back, tok/s] per host."""
-    rows = []
-    for h in result.hosts.values():
-        rows.append([h.host, ("ok" if h.ok else "FAILED") + (" (changed)" if h.ok and h.changed else ""),
-                     h.release or "-", "yes" if h.restarted else "no", "yes" if h.rolled_back else "no",
-                     _fmt_tok_s(_tok_s(h))])
-    return rows
+def _fmt_s(value) -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "?"
+    return "%d min %02d s" % divmod(int(round(value)), 60) if value >= 120 else "%.1f s" % value if value < 10 \
+        else "%d s" % round(value)
 
 
-HEADER = ["HOST", "RESULT", "RELEASE", "RESTARTED", "ROLLED BACK", "TOK/S"]
-
-
-def plain_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header] + rows)
+def host_block(h: HostResult, playbook: Optional[str] = None, run_elapsed_s: Optional[float] = None) -> list[str]:
+    """One host's block of the end-of-run summary (HostResult.summary in words): the verdict and
+    exit code, the release and its source, the configuration, tok/s against the previous
+    configuration, what was done, the time taken."""
+    s = h.summary(playbook)
+    elapsed = s["elapsed_s"] if s["elapsed_s"] is not None else run_elapsed_s
+    lines = ["%s: %s (exit %d)%s" % (h.host, s["verdict"].upper(), s["exit_code"],
+                                    " in %s" % _fmt_s(elapsed) if elapsed is not None else "")]
+    if s["release"]:
+        was = " (was %s)" % s["previous_release"] if s["previous_release"] and s["previous_release"] != s["release"] \
+            else ""
+        source = s["source"] or ("its content (trainer_src is not a git checkout)" if s["source"] == "" else "-")
+        lines.append("  release %s%s, source %s" % (s["release"], was, source))
+    t = s["tok_s"]
+    if s["config"] or t["previous_config"]:
+        lines.append("  config %s%s" % (s["config"] or "?", " (previous %s)" % t["previous_config"]
+                                        if t["previous_config"] and t["previous_config"] != s["config"] else ""))
+    if t["now"] is not None:
+        if t["previous"] is not None:
+            pct = t["change_pct"]
+            if pct is None and t["previous"]:
+                pct = 100.0 * (t["now"] - t["previous"]) / t["previous"]
+            lines.append("  tok/s %s vs %s before%s (release %s, config %s)" % (
+                _fmt_tok_s(t["now"]), _fmt_tok_s(t["previous"]), "" if pct is None else " (%+.1f%%)" % pct,
+                t["previous_release"] or "?", t["previous_config"] or "?"))
+        else:
+            lines.append("  tok/s %s (no earlier proved entry to compare with)" % _fmt_tok_s(t["now"]))
+    for words in s["done"]:
+        lines.append("  " + words)
+    return lines
 
 
 def summary(result: RunResult) -> str:
-    """The summary table (plain text) and, under it, each host's comparison line."""
-    lines = [plain_table(HEADER, summary_rows(result))]
+    """The end-of-run summary: a line for the run (what ran, how long, which inventory), one block
+    per host, and the exit status with its meaning."""
+    from .results import EXIT_CODES
+    head = "summary: %s" % (result.playbook or "run")
+    if result.elapsed_s is not None:
+        head += ", %s" % _fmt_s(result.elapsed_s)
+    if result.inventory:
+        head += "; inventory %s (%s)" % (", ".join(result.inventory), result.inventory_from or "?")
+    lines = [head]
     for h in result.hosts.values():
-        if h.comparison and h.comparison.get("words"):
-            lines.append("%s: %s" % (h.host, h.comparison["words"]))
+        lines.extend(host_block(h, result.playbook, result.elapsed_s))
+    if not result.hosts:
+        lines.append("no host: %s" % ((result.reason or "no host was processed").splitlines() or ["?"])[0])
+    code = result.exit_code
+    lines.append("exit status %d: %s" % (code, EXIT_CODES.get(code, "?")))
     return "\n".join(lines)
 
 
 def print_summary(result: RunResult, stream: Optional[TextIO] = None) -> None:
     stream = sys.stdout if stream is None else stream
+    text = summary(result)
     console = _rich_console(stream)
     if console is None:
-        stream.write(summary(result) + "\n")
+        stream.write(text + "\n")
+        stream.flush()
         return
-    from rich.table import Table
-    table = Table(*HEADER, title="summary", title_justify="left")
-    for row in summary_rows(result):
-        table.add_row(*row, style=None if row[1].startswith("ok") else "red")
-    console.print(table)
-    for h in result.hosts.values():
-        if h.comparison and h.comparison.get("words"):
-            console.print("%s: %s" % (h.host, h.comparison["words"]), markup=False, highlight=False)
+    for line in text.splitlines():
+        bad = not line.startswith(" ") and "(exit " in line and "(exit 0)" not in line
+        console.print(line, style="bold red" if bad else "bold" if "(exit 0)" in line else None,
+                      markup=False, highlight=False)
 
 
 def render_diff(d: dict) -> str:

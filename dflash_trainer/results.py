@@ -24,6 +24,26 @@ Where each field comes from (per host):
   read right after the stop; run `status()` for the state afterwards).
 - log: `log` of the last trainer_status result that read the log (playbooks/logs.yml).
 - diffs: every task result's `diff` (diff mode: `--diff`), in order, each with its task's name.
+- unreachable: the host's last unrescued failure was `runner_on_unreachable`, or the recap counts it
+  `dark`.
+- refused: the host's first failure was a check that runs before any change: the input checks
+  (`dflash.trainer.trainer_validate`, `validate_argument_spec`, an `assert`), the deploy lock not taken
+  (`trainer_status` returned `lock_refused`), or the restart job not started (`trainer_restart`
+  returned `not_started`: a refused pre-flight, a failed install, another restart running).
+- source / reasons / outcome / failed_phase: the source's description (`trainer_validate`'s `source`:
+  "git 4f1c2d9 dirty"), why the trainer was restarted (`trainer_restart`'s `reasons`), the job's
+  `outcome` words and `failed_phase`.
+- config / previous_config: the configuration id measured (the job's `comparison`), else the one the
+  status read found installed; previous_config: the comparison's.
+- elapsed_s: from the host's first event to its last (the events' `created` times), when they carry one.
+
+Exit codes (`HostResult.exit_code`, `RunResult.exit_code`; the CLI exits with the run's), from the
+fields above, never from text:
+  0 healthy / proved; 1 the trainer is unhealthy or the proof failed (rolled back or not), or the run
+  was stopped; 2 refused before any change (bad input, lock held, pre-flight refused, no host matched);
+  3 a host unreachable; 4 Ansible could not be started (no ansible-playbook, no configuration, no
+  collection, or ansible-playbook ended before any play). Over several hosts the first of 1, 3, 2
+  that a host has wins: a failed proof on one host matters more than another host's refusal.
 
 `RunResult.from_dict(result.to_dict())` gives the result back (JSON included: GPU indices that
 json.dumps made strings become ints again).
@@ -35,7 +55,25 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 __all__ = ["Proof", "TrainerStatus", "TrainerLog", "HostResult", "RunResult", "build_run_result",
-           "build_host_results"]
+           "build_host_results", "EXIT_OK", "EXIT_FAILED", "EXIT_REFUSED", "EXIT_UNREACHABLE", "EXIT_NO_ANSIBLE",
+           "EXIT_CODES"]
+
+EXIT_OK = 0  # every host healthy / proved
+EXIT_FAILED = 1  # the trainer is unhealthy or the proof failed (rolled back or not); a run stopped
+EXIT_REFUSED = 2  # refused before any change: bad input, lock held, pre-flight refused, no host matched
+EXIT_UNREACHABLE = 3  # a host unreachable
+EXIT_NO_ANSIBLE = 4  # Ansible could not be started
+EXIT_CODES = {
+    EXIT_OK: "healthy / proved",
+    EXIT_FAILED: "the trainer is unhealthy or the proof failed (rolled back or not), or the run was stopped",
+    EXIT_REFUSED: "refused before any change (bad input, lock held, pre-flight refused, no host matched)",
+    EXIT_UNREACHABLE: "a host unreachable",
+    EXIT_NO_ANSIBLE: "Ansible could not be started",
+}
+# the playbooks that restart the trainer (their ok is "proved" when they did)
+CHANGING = ("deploy", "restart", "rollback", "start")
+# a run over several hosts: the first of these that a host has (then 0)
+_PRECEDENCE = (EXIT_FAILED, EXIT_UNREACHABLE, EXIT_REFUSED)
 
 COLLECTION = "dflash.trainer"
 _RESULT_EVENTS = {
@@ -223,6 +261,8 @@ class RestartJobResult:
     rollback_proof: Optional[Proof] = None
     figures: Optional[dict] = None
     comparison: Optional[dict] = None
+    outcome: Optional[str] = None
+    failed_phase: Optional[str] = None
     # None when the result has no lines (an earlier failed trainer_ready's log_tail then stands)
     log_tail: Optional[list] = None
 
@@ -236,6 +276,7 @@ class RestartJobResult:
                    rollback_proof=Proof.from_result(job.get("rollback_proof")),
                    figures=dict(job["figures"]) if isinstance(job.get("figures"), Mapping) else None,
                    comparison=dict(job["comparison"]) if isinstance(job.get("comparison"), Mapping) else None,
+                   outcome=_str(job.get("outcome")), failed_phase=_str(job.get("failed_phase")),
                    log_tail=_lines(job.get("log_tail")) if job.get("log_tail") else None)
 
 
@@ -272,6 +313,91 @@ class HostResult:
     comparison: Optional[dict] = None
     log: Optional[TrainerLog] = None
     diffs: list = field(default_factory=list)
+    unreachable: bool = False
+    refused: bool = False
+    source: Optional[str] = None
+    reasons: list = field(default_factory=list)
+    outcome: Optional[str] = None
+    failed_phase: Optional[str] = None
+    config: Optional[str] = None
+    previous_config: Optional[str] = None
+    elapsed_s: Optional[float] = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 ok; 3 unreachable; 2 refused before any change; 1 any other failure."""
+        if self.ok:
+            return EXIT_OK
+        if self.unreachable:
+            return EXIT_UNREACHABLE
+        if self.refused:
+            return EXIT_REFUSED
+        return EXIT_FAILED
+
+    def to_dict(self, playbook: Optional[str] = None) -> dict:
+        """dataclasses.asdict plus exit_code and summary (derived: from_dict ignores them)."""
+        return dict(dataclasses.asdict(self), exit_code=self.exit_code, summary=self.summary(playbook))
+
+    def verdict(self, playbook: Optional[str] = None) -> str:
+        """One word or two: proved, unchanged, healthy, ok, stopped, refused, unreachable, unhealthy,
+        failed, failed, rolled back."""
+        if self.ok:
+            if playbook == "status":
+                return "healthy"
+            if playbook == "stop":
+                return "stopped"
+            if playbook in CHANGING:
+                return "proved" if self.restarted and self.proof is not None else "unchanged"
+            return "ok"
+        if self.unreachable:
+            return "unreachable"
+        if self.refused:
+            return "refused"
+        if playbook == "status":
+            return "unhealthy"
+        return "failed, rolled back" if self.rolled_back else "failed"
+
+    def tok_s(self) -> dict:
+        """The measured tok/s against the previous configuration's: now, previous, change_pct (None when
+        unknown), from the job's comparison, else the proof, else the status read."""
+        c = self.comparison or {}
+        now = _float(c.get("median"))
+        if now is None and self.proof is not None:
+            now = self.proof.tok_s
+        if now is None and self.status is not None:
+            now = self.status.tok_s
+        return dict(now=now, previous=_float(c.get("previous_median")), change_pct=_float(c.get("change_pct")),
+                    previous_release=_str(c.get("previous_release")), previous_config=self.previous_config)
+
+    def done(self) -> list:
+        """What the run did on this host, in words (restarted because ..., rolled back to ..., ...)."""
+        first = (self.reason or "").strip().splitlines()
+        first = first[0] if first else "(no message)"
+        words = []
+        if self.unreachable:
+            return ["unreachable: %s" % first]
+        if self.refused:
+            return ["refused before any change: %s" % first]
+        if self.restarted:
+            words.append("restarted" + (" because: %s" % "; ".join(self.reasons) if self.reasons else ""))
+        if self.rolled_back:
+            words.append("rolled back to %s (from %s)" % (self.release, self.previous_release or "?"))
+        if self.proof is not None:
+            words.append("proved ready: release %s, step %s, %s s to ready" % (
+                self.proof.release, self.proof.step, self.proof.seconds_to_ready))
+        if not self.ok:
+            where = self.failed_phase or self.failed_task
+            words.append("failed%s: %s" % (" (%s)" % where if where else "", first))
+        elif not self.restarted and not words:
+            words.append("nothing restarted")
+        return words
+
+    def summary(self, playbook: Optional[str] = None) -> dict:
+        """The end-of-run block for this host: verdict, exit code, release and its source, config,
+        tok/s against the previous configuration, what was done, time taken."""
+        return dict(verdict=self.verdict(playbook), exit_code=self.exit_code, release=self.release,
+                    previous_release=self.previous_release, source=self.source, config=self.config,
+                    tok_s=self.tok_s(), done=self.done(), elapsed_s=self.elapsed_s)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "HostResult":
@@ -282,6 +408,7 @@ class HostResult:
         kw["proof"] = Proof.from_result(data.get("proof"))
         kw["status"] = TrainerStatus.from_result(data.get("status"))
         kw["log"] = TrainerLog.from_result(data.get("log"))
+        kw["elapsed_s"] = _float(data.get("elapsed_s"))
         return cls(**kw)
 
 
@@ -295,10 +422,42 @@ class RunResult:
     # why the run failed as a whole (it could not start: ansible-playbook not found; it ended
     # without a play recap); None when the play ran to its recap
     reason: Optional[str] = None
+    # False: Ansible could not be started (no ansible-playbook, configuration or collection)
+    started: bool = True
+    # ansible-playbook refused the run before any play: its host pattern and --limit matched no host
+    # ("... leaves us with no hosts to target"), or it refused its arguments (rc 4, 5)
+    refused: bool = False
+    # the playbook run (a key of api.PLAYBOOKS), the inventory it read and where that came from
+    # (-i, ANSIBLE_INVENTORY, the configuration file, Ansible's default), the run's wall time
+    playbook: Optional[str] = None
+    inventory: list = field(default_factory=list)
+    inventory_from: Optional[str] = None
+    elapsed_s: Optional[float] = None
+
+    @property
+    def exit_code(self) -> int:
+        """The code a script branches on (see the module's docstring)."""
+        if not self.started:
+            return EXIT_NO_ANSIBLE
+        codes = set(h.exit_code for h in self.hosts.values())
+        for code in _PRECEDENCE:
+            if code in codes:
+                return code
+        if self.hosts:
+            return EXIT_OK if self.ok else EXIT_FAILED
+        if self.status in ("canceled", "timeout"):
+            return EXIT_FAILED
+        if self.refused or self.stats:  # a recap without hosts: no host matched
+            return EXIT_REFUSED
+        return EXIT_NO_ANSIBLE  # ansible-playbook ended before any play
 
     def to_dict(self) -> dict:
-        """JSON-ready (GPU indices stay ints; json.dumps makes them strings)."""
-        return dataclasses.asdict(self)
+        """JSON-ready (GPU indices stay ints; json.dumps makes them strings), with exit_code (the run's
+        and each host's; derived, from_dict ignores them)."""
+        data = dataclasses.asdict(self)
+        data["hosts"] = dict((name, h.to_dict(self.playbook)) for name, h in self.hosts.items())
+        data["exit_code"] = self.exit_code
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "RunResult":
@@ -307,7 +466,10 @@ class RunResult:
         return cls(ok=bool(data.get("ok")), rc=_int(data.get("rc")), status=_str(data.get("status")),
                    hosts=dict((h, HostResult.from_dict(r)) for h, r in _mapping(data.get("hosts")).items()),
                    stats=dict((k, dict(v)) for k, v in _mapping(data.get("stats")).items()),
-                   reason=_str(data.get("reason")))
+                   reason=_str(data.get("reason")), started=data.get("started", True) is not False,
+                   refused=bool(data.get("refused")), playbook=_str(data.get("playbook")),
+                   inventory=[_str(x) for x in data.get("inventory") or []],
+                   inventory_from=_str(data.get("inventory_from")), elapsed_s=_float(data.get("elapsed_s")))
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -359,10 +521,40 @@ def _failure_msg(res: Mapping) -> Optional[str]:
     return _str(res.get("stderr")) or _str(res.get("module_stderr")) or None
 
 
+_CHECKS = ("ansible.builtin.assert", "assert", "ansible.builtin.validate_argument_spec", "validate_argument_spec")
+
+
+def _is_refusal(action: str, res: Mapping) -> bool:
+    """A failed result of a check that runs before any change (see the module's docstring)."""
+    if _is(action, "trainer_validate") or action in _CHECKS:
+        return True
+    if _is(action, "trainer_status") and _bool(res.get("lock_refused")):
+        return True
+    return _is(action, "trainer_restart") and bool(_bool(res.get("not_started")) or _bool(res.get("preflight_refused")))
+
+
+def _created(event: Mapping) -> Optional[float]:
+    """An event's `created` time (ISO 8601, as ansible-runner writes it) in seconds; None without one."""
+    import datetime
+    value = event.get("created")
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+    return stamp.timestamp()
+
+
 class _HostState:
     def __init__(self, host: str):
         self.result = HostResult(host=host)
         self.last_failure: Optional[tuple[Optional[str], Optional[str]]] = None
+        self.last_failure_kind: Optional[str] = None
+        self.first_failure_refused: Optional[bool] = None
+        self.times: list[float] = []
         self.release_from_switch = False
         self.current_fallback: Optional[str] = None
         # the deploy's release was current already (no trainer_release ran): previous is the same release
@@ -375,6 +567,9 @@ class _HostState:
             r.changed = True
         if not is_item and kind in ("failed", "unreachable") and not _bool(event_data.get("ignore_errors")):
             self.last_failure = (task, _failure_msg(res))
+            self.last_failure_kind = kind
+            if self.first_failure_refused is None:
+                self.first_failure_refused = kind == "failed" and _is_refusal(_action(event_data), res)
         if kind not in ("ok", "failed"):
             return
         # a loop's aggregate result repeats its items (seen as runner_item_on_* events)
@@ -390,6 +585,8 @@ class _HostState:
                 r.log_tail = _lines(res.get("log_tail"))
         elif _is(action, "trainer_restart") and _bool(res.get("finished")):
             # the restart job (stop, drain, purge, start, prove; rollback), watched with state=wait
+            if isinstance(res.get("reasons"), list):  # a job that ended within the call that started it
+                r.reasons = [_str(x) or "" for x in res["reasons"]]
             job = RestartJobResult.from_result(res.get("result"))
             if job.restarted:
                 r.restarted = True
@@ -401,6 +598,8 @@ class _HostState:
                 r.proof = job.proof
             if job.log_tail is not None:
                 r.log_tail = job.log_tail
+            r.outcome = job.outcome or r.outcome
+            r.failed_phase = job.failed_phase or r.failed_phase
             if job.restored and job.rollback_proof is not None:
                 r.proof = job.rollback_proof
             if job.rolled_back:
@@ -410,6 +609,11 @@ class _HostState:
                 self.release_from_switch = True
                 if job.rollback_proof is not None:
                     r.proof = job.rollback_proof
+        elif _is(action, "trainer_restart") and kind == "ok" and isinstance(res.get("reasons"), list):
+            # the call that started the job: why the trainer restarts
+            r.reasons = [_str(x) or "" for x in res["reasons"]]
+        elif _is(action, "trainer_validate") and kind == "ok" and res.get("source") is not None:
+            r.source = _str(res.get("source"))  # "": trainer_src is not a git checkout
         elif _is(action, "trainer_status") and kind == "ok":
             r.status = TrainerStatus.from_result(res)
             # a deploy that changed nothing (no_op), or whose release was already current, runs no
@@ -436,6 +640,13 @@ class _HostState:
     def finish(self, stats: Optional[Mapping]) -> HostResult:
         r = self.result
         host = r.host
+        if r.comparison:
+            r.config = _str(r.comparison.get("config"))
+            r.previous_config = _str(r.comparison.get("previous_config"))
+        if r.config is None and r.status is not None:
+            r.config = r.status.config
+        if len(self.times) >= 2:
+            r.elapsed_s = round(max(self.times) - min(self.times), 1)
         if not self.release_from_switch and r.release is None:
             r.release = self.current_fallback
             if self.unswitched and r.previous_release is None:
@@ -454,6 +665,12 @@ class _HostState:
             r.failed_task, r.reason = self.last_failure
         elif stats is None:
             r.reason = "the run ended without a play recap"
+        if not r.ok:
+            dark = 0 if stats is None else _int(_mapping(stats.get("dark")).get(host)) or 0
+            r.unreachable = self.last_failure_kind == "unreachable" or dark > 0
+            r.refused = bool(self.first_failure_refused) and not r.unreachable
+            if r.refused:  # nothing was started: a `current` put back is no rollback
+                r.rolled_back = False
         return r
 
 
@@ -480,6 +697,9 @@ def build_host_results(events: Iterable[Mapping], status: Optional[str] = None
         if not host:
             continue
         state = hosts.setdefault(host, _HostState(host))
+        when = _created(event)
+        if when is not None:
+            state.times.append(when)
         state.observe(kind, name.startswith("runner_item_"), data, _mapping(data.get("res")))
     recap = None
     if stats is not None:

@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 name: release_id
 author:
   - dflash.trainer maintainers (@dflash)
-version_added: "0.3.0"
+version_added: "0.1.0"
 short_description: The release id of a directory on the controller, as dflash.trainer.trainer_release computes it
 description:
   - Hashes the tree (paths, types, modes, file contents, symlink targets; not mtimes) with the same code and the

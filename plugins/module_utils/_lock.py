@@ -17,8 +17,9 @@ A deploy is many tasks; nothing in Ansible holds a lock across them. The lock is
   process; it is held for milliseconds.
 
 The record says who holds it and since when (``since``, epoch seconds, and ``taken_at``); the
-optional ``heartbeat`` (last sign of life) and ``expires`` (epoch seconds) fields are honoured
-when present, so a holder that refreshes them can be expired early (nothing writes them yet).
+``heartbeat`` (last sign of life) and ``expires`` (epoch seconds) fields are written by every
+renewal of the lease (``heartbeat``): a holder that stops renewing is taken over once ``expires``
+has passed, long before ``stale_s``.
 Nothing here raises on a race: a lock vanishing, garbage in the record, a file where the
 directory should be -- each becomes an outcome with words.
 """

@@ -61,12 +61,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_scan impor
 # -- marks ----------------------------------------------------------------------------------------
 UNIT_MARK = "managed by dflash.trainer"
 LAUNCHER_MARK = "# dflash.trainer: the trainer unit's launcher (written by the collection; do not edit)"
-# launchers written before the mark line existed start with this docstring
-_LAUNCHER_LEGACY = '"""ExecStart of the dflash trainer unit'
 ENV_MARK = "# dflash.trainer: the trainer unit's environment (written by the collection; values are secrets)"
-_ENV_LINE_RE = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*="(?:[^"\\]|\\.)*"$')
-# an environment file written before the mark line: only KEY="value" lines, with the role's own two
-_ENV_LEGACY_KEYS = ("PYTHONUNBUFFERED=", "TORCHINDUCTOR_CACHE_DIR=")
 _LOG_MARK_RE = re.compile(r"^==> dflash\.trainer start invocation=\S* release=\S* pid=\S* time=\S*( continued=\S+)? <==")
 HEAD_BYTES = 4096
 # JSON records are read whole (the job state keeps log tails): up to this much
@@ -102,9 +97,10 @@ ROOT_MARK = "# dflash.trainer: a release root of the collection (releases/, curr
 RELEASE_MARK_NAME = MARKER_NAME
 # what a release root of this collection holds (_release_root, _release_states, _throughput's
 # ledger): the names an older root without the marker may hold and still be adopted
-_ROOT_NAMES = frozenset(("releases", "current", "last_good", "ledger.json", "ledger.json.lock", ".lock",
-                         "config.key", ROOT_MARK_NAME, "lost+found"))
-_ROOT_TMP_PREFIXES = ("current.tmp-", "last_good.tmp-", "ledger.json.tmp-", "config.key.tmp-", ".upload-",
+_ROOT_NAMES = frozenset(("releases", "current", "last_good", "last_good.config", "ledger.json", "ledger.json.lock",
+                         ".lock", "config.key", ROOT_MARK_NAME, "lost+found"))
+_ROOT_TMP_PREFIXES = ("current.tmp-", "last_good.tmp-", "last_good.config.tmp", "ledger.json.tmp-", "config.key.tmp-",
+                      ".upload-",
                       ROOT_MARK_NAME + ".tmp-")
 # the members of a root judged as files root writes there
 _ROOT_MEMBERS = ("releases", "ledger.json", "current", "last_good", "config.key", ROOT_MARK_NAME)
@@ -420,16 +416,12 @@ def is_ours(kind, facts):
         return t == "file" and any(line.startswith("Description=") and UNIT_MARK in line for line in head.splitlines())
     if kind == "launcher":
         lines = head.splitlines()[:3]
-        return t == "file" and any(l.startswith(LAUNCHER_MARK) or l.startswith(_LAUNCHER_LEGACY) for l in lines)
+        return t == "file" and any(l.startswith(LAUNCHER_MARK) for l in lines)
     if kind == "env":
         if t != "file":
             return False
         lines = [l for l in head.splitlines() if l.strip()]
-        if lines and lines[0] == ENV_MARK:
-            return True
-        # written before the mark existed: nothing but KEY="value" lines, with the role's own two keys
-        return (bool(lines) and facts.get("size", 0) <= HEAD_BYTES and all(_ENV_LINE_RE.match(l) for l in lines)
-                and all(any(l.startswith(k) for l in lines) for k in _ENV_LEGACY_KEYS))
+        return bool(lines) and lines[0] == ENV_MARK
     if kind in ("log", "log_rotation"):
         if t != "file":
             return False
@@ -599,6 +591,19 @@ def program_problem(facts, uids=None):
     return None
 
 
+def missing_dir_problem(kind, facts):
+    """Why the file described by ``facts`` cannot be written where it is because its directory does not
+    exist, or None. Only the metrics file: its directory is node_exporter's textfile collector's, which
+    the collection never makes (a missing one means node_exporter is not installed, or the path is
+    mistyped) - the launcher would fail to write it at every interval, silently for the deploy."""
+    if kind != "metrics" or facts.get("exists") or facts.get("parent_exists") is not False:
+        return None
+    directory = os.path.dirname(facts.get("real") or facts.get("path") or "")
+    return "lies in %s, which does not exist on the target (node_exporter's textfile collector is not installed " \
+           "there yet, or the path is mistyped): install node_exporter or create the directory first, or leave " \
+           "trainer_metrics_path empty" % directory
+
+
 def judge(variable, kind, facts):
     """Why the collection may not write (or delete, or run) what ``facts`` describes for
     ``variable``, or None."""
@@ -613,6 +618,9 @@ def judge(variable, kind, facts):
         why = chain_problem(kind, facts)
         if why:
             return "%s%s %s" % (facts.get("path"), via, why)
+    why = missing_dir_problem(kind, facts)
+    if why:
+        return "%s%s %s" % (facts.get("path"), via, why)
     if kind in PERSISTENT_KINDS and facts.get("fstype") in VOLATILE_FS:
         return "%s%s lies on a %s (%s): it is lost at reboot, and the enabled unit then fails to start; put it on " \
                "a disk (the default: %s)" % (facts.get("path"), via, facts["fstype"], facts.get("mount_point"),

@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import time
 
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import outcome_words
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import REFUSE, STALE
 from ansible_collections.dflash.trainer.plugins.module_utils._log_file import read_start
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import memory_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, PROGRAM, observe, problems
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import outcome_words
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_reasons import restart_reasons
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     exit_description,
@@ -313,15 +313,58 @@ def release_fields(current_link, last_good_text, running_release):
                 drift=bool(running_release and current and running_release != current))
 
 
-def status_health(ledger, status, seconds, now):
+def status_health(ledger, status, seconds, now, stopped=None):
     """RV(health) of the status fields gathered so far (``status``) against the ledger: the
     release judged is the running one, else the log's, else ``current``; this start began
-    ``seconds`` (its runtime) before ``now`` (wall clock, s)."""
+    ``seconds`` (its runtime) before ``now`` (wall clock, s); ``stopped``: the deliberate stop on
+    record that still holds (``_stop_job.stopped_on_purpose``), or None."""
     running = status["running"]
     started = now - seconds if running and seconds is not None else None
     release = status.get("running_release") or status.get("log_release") or status.get("current_release")
     return health(ledger, release, running, started_at=started, n_restarts=status["n_restarts"], now=now,
-                  state="%s/%s" % (status["active_state"], status["sub_state"]))
+                  state="%s/%s" % (status["active_state"], status["sub_state"]), stopped=stopped)
+
+
+# ---------------------------------------------------------------------------------------------
+# a deliberate stop (trainer_restart state=stop, _stop_job), as status reads it
+
+# the job state's ``kind`` of a deliberate stop (a restart job's state has none)
+STOP_KIND = "stop"
+
+
+def fmt_uptime(seconds):
+    """Seconds in words: 42 s, 3 min 12 s, 5 h 03 min, 2 d 4 h."""
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return "%d s" % s
+    if s < 3600:
+        return "%d min %02d s" % (s // 60, s % 60)
+    if s < 86400:
+        return "%d h %02d min" % (s // 3600, (s % 3600) // 60)
+    return "%d d %d h" % (s // 86400, (s % 86400) // 3600)
+
+
+def stopped_on_purpose(state, props):
+    """Status's judge: the deliberate stop on record in the job state ``state`` (``stopped`` of its
+    result, with the job's id), when it still holds - the unit is not running and has not been started
+    since (its ExecMainStartTimestamp is still the one the stop saw, or empty: no start since the
+    container booted) - else None."""
+    if not state or state.get("kind") != STOP_KIND or not state.get("done"):
+        return None
+    stopped = (state.get("result") or {}).get("stopped")
+    if not isinstance(stopped, dict) or is_running(props):
+        return None
+    started = props.get("ExecMainStartTimestamp", "") or None
+    if started is not None and started != stopped.get("started_at"):
+        return None  # started since (by hand, by a boot) and ended again: not the stop's doing
+    return dict(stopped, job_id=state.get("job_id"),
+                words="stopped on purpose by %s at %s%s" % (
+                    stopped.get("by") or "?", stopped.get("at_words") or "?",
+                    " (release %s, pid %s, up %s)" % (stopped.get("release") or "?", stopped.get("main_pid"),
+                                                      fmt_uptime(stopped.get("seconds_up")))
+                    if stopped.get("running") else ""))
 
 
 # ---------------------------------------------------------------------------------------------

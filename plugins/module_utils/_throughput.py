@@ -337,7 +337,7 @@ def latest_entry(ledger, release):
     return None
 
 
-def health(ledger, release, running, started_at=None, n_restarts=0, now=None, state="?"):
+def health(ledger, release, running, started_at=None, n_restarts=0, now=None, state="?", stopped=None):
     """Is the trainer running its proved release healthily? -> dict(ok, words, died, proved_at,
     seconds_since_proof).
 
@@ -345,7 +345,9 @@ def health(ledger, release, running, started_at=None, n_restarts=0, now=None, st
     this activation's start (wall clock, s); ``state``: the unit's ActiveState/SubState in words.
     Healthy: it runs, the release's newest ledger entry is ``proved``, nothing died since, and this
     activation is the one that was proved (it started before the proof: a start after it is systemd's
-    Restart= bringing back a trainer that exited)."""
+    Restart= bringing back a trainer that exited). ``stopped``: the deliberate stop on record that still
+    holds (``_status.stopped_on_purpose``): not running then is no failure - ``stopped`` says so, ``ok`` stays
+    false (it does not run)."""
     now = time.time() if now is None else now
     e = latest_entry(ledger, release)
     restarts = " (unit restarts: %s)" % n_restarts
@@ -355,6 +357,10 @@ def health(ledger, release, running, started_at=None, n_restarts=0, now=None, st
         if isinstance(e.get("time"), (int, float)):
             out["seconds_since_proof"] = round(now - e["time"], 1)
     died = e.get("died") if e is not None and e.get("verdict") == PROVED and isinstance(e.get("died"), dict) else None
+    if stopped and not running:
+        out["stopped"] = stopped
+        out["words"] = "%s%s" % (stopped.get("words") or "stopped on purpose", restarts)
+        return out
     if died:
         out["died"] = dict(died, words=died_words(e))
         out["words"] = "died %s after its proof: %s%s; %s" % (

@@ -27,7 +27,7 @@ options:
     type: list
     elements: int
   max_mib:
-    description: A GPU counts as drained at or below this many MiB used.
+    description: A GPU counts as drained at or below this many MiB used (the role's C(trainer_drain_max_mib)).
     type: int
     default: 1024
   consecutive:
@@ -35,11 +35,11 @@ options:
     type: int
     default: 2
   interval_s:
-    description: Seconds between samples.
+    description: Seconds between samples (the role's restart job samples every 0.1 s, while the trainer is stopped).
     type: float
     default: 1.0
   timeout_s:
-    description: Seconds to wait before failing.
+    description: Seconds to wait before failing (the role's C(trainer_drain_timeout_s)).
     type: float
     default: 60
 attributes:

@@ -20,7 +20,7 @@ description:
     refused before any write. The environment file gets the mark as its first line.
 author:
   - dflash.trainer maintainers (@dflash)
-version_added: 0.2.0
+version_added: 0.1.0
 extends_documentation_fragment:
   - dflash.trainer.install_files.files
 options:

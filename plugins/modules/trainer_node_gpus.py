@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: trainer_node_gpus
 short_description: Attribute the Proxmox node's GPU memory to containers and units
-version_added: "0.4.0"
+version_added: "0.1.0"
 description:
   - >-
     Runs on the Proxmox B(node), not in the container (the role runs it with the

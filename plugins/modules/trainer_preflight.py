@@ -29,9 +29,13 @@ description:
   - No GPU in O(gpus) may hold more than O(max_mib) of memory that is not the running trainer's own
     (any memory at all when the trainer is not running); where nvidia-smi lists no process the
     container can see, memory cannot be attributed and the drain gate after the stop decides.
+  - For playbooks outside the role (a check of a release before a change window, another deploy tool); the
+    role's restart job runs the same pre-flight (C(module_utils/_preflight_run.py)) in the call that starts
+    it (M(dflash.trainer.trainer_restart) O(dflash.trainer.trainer_restart#module:preflight)) and does not call
+    this module. The defaults are the role's (C(trainer_preflight_timeout_s), C(trainer_drain_max_mib)).
 author:
   - dflash.trainer maintainers (@dflash)
-version_added: 0.2.0
+version_added: 0.1.0
 extends_documentation_fragment:
   - dflash.trainer.nvidia_smi
   - dflash.trainer.play_lock

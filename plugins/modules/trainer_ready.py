@@ -53,9 +53,14 @@ description:
     Fails at O(timeout_s) naming what was still missing, for example
     C(not ready after 120 s: GPUs 5, 6, 7 below 1024 MiB (0, 0, 0 MiB)).
   - >-
-    For a trainer that logs a step every N seconds, set O(stall_s) to about 2N + O(interval_s) + 2
-    (5 for N=1; longer if it pauses early, for example to save a checkpoint) and O(hold_s) to at
-    least O(stall_s) (refused otherwise), preferably twice it.
+    The stall window follows the trainer's own cadence: once the step counter has risen a few times,
+    a trainer that reports every N seconds may go 3N seconds without a rise (N the low median of its
+    recent gaps) when that is longer than O(stall_s); O(stall_s) is the least window, and the failure
+    says which window applied. O(hold_s) must be at least O(stall_s) (refused otherwise), preferably
+    twice it.
+  - >-
+    The defaults are the role's (C(trainer_ready_*)), except O(min_steps), which may be V(0) here
+    (the role requires at least 1).
 options:
   unit:
     description: The trainer's systemd unit.
@@ -87,7 +92,9 @@ options:
     elements: str
     default: ['Traceback \(most recent call last\)', 'CUDA out of memory', 'NCCL error', 'OutOfMemoryError']
   min_steps:
-    description: Increasing step values this start's log must show. V(0) turns the step checks off.
+    description:
+      - Increasing step values this start's log must show. V(0) turns the step checks off (for a trainer
+        that logs no step counter; the role's C(trainer_ready_min_steps) must be at least 1).
     type: int
     default: 2
   hold_s:
@@ -96,20 +103,21 @@ options:
     default: 10
   stall_s:
     description:
-      - Longest gap between two rises of the step counter (and from the last rise to the verdict).
-        Fail when the step counter has not risen for longer than this; also the progress a GPU
-        below O(min_mib) may lag behind before the task fails naming it.
+      - Longest gap between two rises of the step counter (and from the last rise to the verdict), at
+        least - a trainer that reports less often gets 3 times its own gap between steps. Fail when the
+        step counter has not risen for longer than that window; also the progress a GPU below O(min_mib)
+        may lag behind before the task fails naming it.
       - Must not be longer than O(hold_s).
     type: float
     default: 5
   timeout_s:
-    description: Seconds to wait for readiness before failing.
+    description: Seconds to wait for readiness before failing (the role's C(trainer_ready_timeout_s)).
     type: float
-    default: 300
+    default: 900
   interval_s:
     description: Seconds between polls; a dead trainer is noticed within about one interval.
     type: float
-    default: 1.0
+    default: 0.5
   tail_lines:
     description: Lines of this start's log returned (and shown in the message) on failure.
     type: int
@@ -266,8 +274,8 @@ def main():
             min_steps=dict(type="int", default=2),
             hold_s=dict(type="float", default=DEFAULT_HOLD_S),
             stall_s=dict(type="float", default=DEFAULT_STALL_S),
-            timeout_s=dict(type="float", default=300.0),
-            interval_s=dict(type="float", default=1.0),
+            timeout_s=dict(type="float", default=900.0),
+            interval_s=dict(type="float", default=0.5),
             tail_lines=dict(type="int", default=20),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
         ),

@@ -27,21 +27,26 @@ description:
     second job refuses to start while one runs. It records its phase in O(state_path) (kept on disk,
     so a reboot in the middle is found by the next run); at the end it records its outcome there and
     releases the lock.
+  - O(state=stop) starts, detached the same way and under the same lease, a deliberate stop - what runs is read
+    (release, pid, uptime, the last step and tok/s of this start's log), the unit is stopped (C(systemctl stop), the
+    whole tree - systemd's C(Restart=) never brings back a unit stopped so), every trainer GPU drained and, with
+    O(disable), the unit disabled - and records it in O(state_path) (kind C(stop)), so that
+    M(dflash.trainer.trainer_status) reads it as stopped on purpose; RV(result.stopped) says what was stopped.
   - O(state=wait) waits up to O(wait_s) for the job O(job_id) and returns its phase, or its
     outcome when it has finished (failing when the restart failed). A job that died without an
     outcome is reported as such, with the unit's state.
 author:
   - dflash.trainer maintainers (@dflash)
-version_added: 0.2.0
+version_added: 0.1.0
 extends_documentation_fragment:
   - dflash.trainer.log_patterns
   - dflash.trainer.install_files
 options:
   state:
     description: V(start) starts the job detached and returns; V(run) runs it in the foreground
-      (for tests); V(wait) watches it.
+      (for tests); V(wait) watches it; V(stop) starts a deliberate stop the same way as V(start).
     type: str
-    choices: [start, run, wait]
+    choices: [start, run, wait, stop]
     default: run
   job_id:
     description: The job's id (the play's lock token is a good one).
@@ -250,6 +255,16 @@ options:
   launcher_path:
     description: The unit's launcher, kept and restored with the proved configuration (see O(unit_path)).
     type: path
+  disable:
+    description: With O(state=stop), disable the unit after the stop, so that it stays stopped across a reboot of
+      the container (a start with O(enable) enables it again). Default - it stays enabled and starts at the next boot.
+    type: bool
+    default: false
+  enable:
+    description: With O(state=start), enable the unit before the job when it is disabled (a stop with O(disable)
+      disabled it); a failure fails the task with RV(not_started).
+    type: bool
+    default: false
 notes:
   - Each job appends to the release ledger C(<root>/ledger.json) (the last 50 entries) - release, config,
     time, source, verdict, figures - and its result carries C(figures) and C(comparison) with the entry before
@@ -432,6 +447,13 @@ result:
       description: Why the release ledger could not be written (the verdict stands).
       returned: when it could not be written
       type: str
+    stopped:
+      description: What a deliberate stop (O(state=stop)) stopped - running, release, main_pid, invocation_id,
+        started_at, seconds_up, step, tok_s (this start's last progress), state_before - by whom (by) and when (at,
+        at_words), gpus_mib after the drain, enabled (the unit starts again at the container's boot), disabled;
+        status reads it as stopped on purpose.
+      returned: after a stop job that reached systemctl stop
+      type: dict
 """
 
 import os
@@ -443,7 +465,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import ENV
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import PREFLIGHT_SUBOPTIONS, Refused
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import collision
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
     before_start,
     detach,
@@ -454,6 +476,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps impo
     wait_report,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import enable_unit, run_stop
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_READY_REGEX,
@@ -478,7 +502,7 @@ def run_job(module):
     if nvidia_smi is None:
         module.fail_json(msg="nvidia-smi (%s) not found on the target" % p["nvidia_smi"])
     os.umask(0o077)  # the state file, the ledger and their temporary files: 0600 (log tails are kept there)
-    report(module, *summary(run_restart(p, systemctl, nvidia_smi)))
+    report(module, *summary((run_stop if p["state"] == "stop" else run_restart)(p, systemctl, nvidia_smi)))
 
 
 def start_detached(module):
@@ -494,12 +518,18 @@ def start_detached(module):
     why = collision(p)  # the progress file is only read: never a file the collection writes
     if why:
         module.fail_json(msg="trainer_progress_path: %s; nothing was changed" % why, not_started=True)
-    try:
-        before = before_start(p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
+    try:  # a deliberate stop (state=stop) has nothing to pre-flight, install or enable
+        before = {} if p["state"] == "stop" else before_start(
+            p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
+        if p["enable"] and p["state"] == "start":  # a stop with disable=true disabled it
+            before["enabled_unit"] = enable_unit(ModuleRunner(module), module.get_bin_path("systemctl", required=True),
+                                                 p["unit"])
     except Refused as exc:  # the old trainer runs on, untouched
         module.fail_json(preflight_refused=True, not_started=True, **exc.result)
     except InstallError as exc:  # nothing was stopped
         module.fail_json(msg=exc.msg, install=exc.result, install_failed=True, not_started=True)
+    except StepFailed as exc:  # enabling the unit failed: nothing was stopped
+        module.fail_json(msg=exc.msg, not_started=True)
     pid = detach(lambda: run_job(module))
     recorded = poll_until(lambda: read_state(p["state_path"]) or {}, job_recorded(p["job_id"]), 10, 0.05)
     if not recorded.ok:
@@ -527,7 +557,7 @@ def wait(module, clock=time.monotonic, sleep=time.sleep):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["start", "run", "wait"], default="run"),
+            state=dict(type="str", choices=["start", "run", "wait", "stop"], default="run"),
             job_id=dict(type="str", required=True),
             state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
             wait_s=dict(type="float"),
@@ -570,6 +600,8 @@ def main():
             env_file=dict(type="path"),
             unit_path=dict(type="path"),
             launcher_path=dict(type="path"),
+            disable=dict(type="bool", default=False),
+            enable=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -579,8 +611,9 @@ def main():
         wait(module)
     if module.check_mode:
         module.exit_json(changed=True, finished=True, phase="check mode", result={},
-                         msg="check mode: the trainer would be restarted")
-    if module.params["state"] == "start":
+                         msg="check mode: the trainer would be %s" % (
+                             "stopped" if module.params["state"] == "stop" else "restarted"))
+    if module.params["state"] in ("start", "stop"):
         start_detached(module)
     run_job(module)
 

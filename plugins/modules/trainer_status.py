@@ -231,6 +231,9 @@ health:
       proved 5 min ago (unit restarts 0)) or C(died 3 min after its proof - torch.OutOfMemoryError ... (unit
       restarts 1); running again, not proved since) - with V(died) (the ledger's record of a death after the
       proof - after_s, reason, exit, count - or null), V(release), V(proved_at) and V(seconds_since_proof).
+    - A trainer stopped on purpose (M(dflash.trainer.trainer_restart) O(state=stop), with O(job_state_path)) and not
+      started since reads C(stopped on purpose by ... at ...), with V(stopped) (what the stop recorded - by,
+      at_words, release, main_pid, ...); V(ok) stays V(false) (it does not run).
     - Healthy - it runs, the release's newest ledger entry is C(proved), it did not die since, and this start
       of the unit is the one that was proved.
   returned: when O(trainer_root) is given
@@ -408,7 +411,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import job_alive, observe_job, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._config_id import installed_config, unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
@@ -437,6 +440,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._status import (
     release_fields,
     release_from_proc,
     status_health,
+    stopped_on_purpose,
     unit_fields,
     wants_log,
     watch,
@@ -523,7 +527,9 @@ def main():
         result["watched_s"] = watched
     if p["trainer_root"]:
         ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
-        result["health"] = status_health(ledger, result, seconds, time.time())
+        # a deliberate stop on record (trainer_restart state=stop) that still holds: not running is no failure
+        stopped = stopped_on_purpose(read_state(p["job_state_path"]), props) if p["job_state_path"] else None
+        result["health"] = status_health(ledger, result, seconds, time.time(), stopped=stopped)
         # (the environment file is part of the configuration: without O(env_file) it is unknown)
         result["config"] = installed_config(p["trainer_root"], result.get("fragment_path") or unit_path_of(p["unit"]),
                                             p["env_file"])[0] if p["env_file"] else None

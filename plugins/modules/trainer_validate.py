@@ -22,7 +22,7 @@ description:
     memory, a unit of that name this collection did not write).
 author:
   - dflash.trainer maintainers (@dflash)
-version_added: 0.2.0
+version_added: 0.1.0
 options:
   entry:
     description: The role's entry point whose variables are checked.

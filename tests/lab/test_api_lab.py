@@ -34,6 +34,8 @@ def deployed(lab):
 
 def test_deploy_is_typed_and_proved_when_it_restarts(deployed):
     assert list(deployed.hosts) == [HOST] and deployed.rc == 0 and deployed.status == "successful"
+    assert deployed.exit_code == 0 and deployed.playbook == "deploy"
+    assert deployed.inventory == [os.path.join(ROOT, "inventory", "lab.yml")]  # inside the checkout: its lab
     h = deployed.hosts[HOST]
     assert h.ok and h.failed_task is None and h.reason is None and not h.rolled_back
     assert h.release and len(h.release) == 16
@@ -105,6 +107,7 @@ def test_api_keeps_host_keys_checked(lab, tmp_path, monkeypatch):
     assert not result.ok, explain(result)
     h = result.hosts["ct201"]
     assert not h.ok and "host key of 127.0.0.1 was not accepted" in (h.reason or ""), explain(result)
+    assert h.unreachable and result.exit_code == 3, explain(result)
 
 
 def test_api_no_host_matched(lab):
@@ -112,25 +115,43 @@ def test_api_no_host_matched(lab):
     result = dflash_trainer.deploy(limit="lab-201", extravars=EXTRAVARS, timeout=300)
     assert not result.ok and result.rc != 0, explain(result)
     assert "no host matched the pattern 'trainer_hosts' within --limit 'lab-201'" in result.hosts["lab-201"].reason
+    assert result.exit_code == 2, explain(result)  # refused before any change
 
 
 def test_cli_limit_matching_nothing(lab):
     proc = subprocess.run([sys.executable, "-m", "dflash_trainer", "deploy", "-l", "no-such-host"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # refused before any change
     assert "no host matched the limit 'no-such-host'" in proc.stdout
 
 
 def test_readme_example_without_the_venv_on_path(lab):
     """The README's example run as `.venv/bin/python` from a cron job or a unit (PATH without the
     venv), from another directory: the package is the Quick start's editable install, ansible-playbook
-    is taken from beside the interpreter, and the status is read."""
+    is taken from beside the interpreter, and the status is read. Outside the checkout the checkout's
+    ansible.cfg is not read behind the caller's back: the job names it (ANSIBLE_CONFIG), as a caller
+    names their own."""
     example = ("import json, dflash_trainer; r = dflash_trainer.status(limit=%r); "
                "print(json.dumps(r.to_dict()))" % HOST)
     res = subprocess.run([sys.executable, "-c", example], cwd=tempfile.gettempdir(), capture_output=True, text=True,
-                         env={"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                         env={"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                              "ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg")},
                          timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     result = dflash_trainer.RunResult.from_dict(json.loads(res.stdout.splitlines()[-1]))
     assert result.ok and result.rc == 0 and result.reason is None, explain(result)
     assert result.hosts[HOST].status is not None and result.hosts[HOST].status.active_state
+
+
+def test_outside_the_checkout_the_lab_is_not_the_default(lab, tmp_path):
+    """From a directory outside the checkout, with no ansible.cfg of the caller's and no -i, the run
+    reads Ansible's default inventory - not the checkout's lab - and says so; nothing is touched."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith("ANSIBLE_"))
+    env["HOME"] = str(home)
+    proc = subprocess.run([sys.executable, "-m", "dflash_trainer", "status", "-l", HOST], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # no host to target: refused before any change
+    assert "; inventory /etc/ansible/hosts (Ansible's default" in proc.stdout, proc.stdout
+    assert "inventory/lab.yml" not in proc.stdout, proc.stdout

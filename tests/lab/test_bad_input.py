@@ -274,6 +274,11 @@ ROWS = [
     ("min-steps-0", "deploy.yml", "bi", {"trainer_ready_min_steps": 0}, ["trainer_ready_min_steps", "out of range"]),
     ("step-regex-backtracks-forever", "deploy.yml", "bi", {"trainer_step_regex": r"^(([a-z ]+)+)+step(\d+)"},
      ["trainer_step_regex", "can hang the restart job", "was stopped"]),
+    # node_exporter not installed yet: its textfile directory does not exist, and the collection never makes it
+    ("metrics-dir-missing", "deploy.yml", "bi",
+     {"trainer_metrics_path": "/var/lib/node_exporter/textfile_collector/dflash_trainer.prom"},
+     ["trainer_metrics_path", "lies in /var/lib/node_exporter/textfile_collector, which does not exist",
+      "node_exporter"]),
 ]
 
 

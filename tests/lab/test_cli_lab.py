@@ -50,15 +50,22 @@ def deployed(lab, ct):
     return res
 
 
-def test_deploy_shows_its_work(deployed):
+def test_deploy_shows_its_work(ct, deployed):
     err, out = deployed.stderr, deployed.stdout
     assert "step: Upload the code as an immutable release" in err
     assert "step: Watch the restart job" in err and "restart job: done" in err, err
-    header = [line for line in out.splitlines() if line.startswith("HOST ")]
-    assert header and header[0].split()[:3] == ["HOST", "RESULT", "RELEASE"], out
-    row = out.splitlines()[out.splitlines().index(header[0]) + 1].split()
-    assert row[0] == HOST and row[1] == "ok" and row[4] == "yes"  # restarted
-    assert re.search(r"^%s: release \w+ \((content|git) \w+[^)]*\): [\d.]+K tok/s" % HOST, out, re.M), out
+    assert "FAILED - RETRYING" not in err, err  # the job's phases say what it waits for
+    inv, _src = ct
+    lines = out.splitlines()
+    head = [line for line in lines if line.startswith("summary: deploy, ")]
+    assert head and head[0].endswith("; inventory %s (given (-i))" % inv), out
+    block = lines[lines.index(head[0]) + 1:]
+    assert re.match(r"^%s: PROVED \(exit 0\) in \d" % HOST, block[0]), out
+    assert re.match(r"^  release \w{16}( \(was \w{16}\))?, source (git \w+|its content)", block[1]), out
+    assert any(re.match(r"^  tok/s \d+", line) for line in block), out
+    assert any(line.startswith("  restarted because: ") for line in block), out
+    assert lines[-1] == "exit status 0: healthy / proved", out
+    assert re.search(r"^  release \w+ \((content|git) \w+[^)]*\): [\d.]+K tok/s", out, re.M), out  # the comparison
 
 
 def test_logs_n_20_prints_this_starts_lines(lab, ct, deployed):
@@ -123,3 +130,18 @@ def test_check_diff_lists_the_changed_file_and_masks_the_environment(lab, ct, de
     assert "+NEW_KEY=********" in out, out
     assert "s3cret" not in out + res.stderr and "x1\n" not in out
     assert lab.ct(CT, "readlink", "/opt/dflash-trainer/current").stdout.strip() == before  # nothing changed
+
+
+def test_stop_and_start_through_the_cli(lab, ct, deployed):
+    """stop: the unit stopped on purpose (exit 0); start: started and proved again (exit 0, PROVED)."""
+    inv, _src = ct
+    res = cli(inv, "stop", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"^%s: STOPPED \(exit 0\)" % HOST, res.stdout, re.M), res.stdout
+    assert lab.ct(CT, "systemctl", "is-active", "dflash-trainer", check=False).stdout.strip() != "active"
+    res = cli(inv, "start", "--json", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    assert out["exit_code"] == 0 and out["hosts"][HOST]["summary"]["verdict"] == "proved", res.stdout
+    assert lab.ct(CT, "systemctl", "is-active", "dflash-trainer", check=False).stdout.strip() == "active"
+

@@ -79,10 +79,14 @@ def test_cli_without_i_leaves_the_inventory_to_the_configuration(monkeypatch, ca
 
     def fake_run_playbook(playbook, **kw):
         seen.update(kw, playbook=playbook)
-        return api.RunResult(ok=False, rc=2, status="failed")
+        # what run_playbook_live makes of ansible-playbook's "... leaves us with no hosts to target" (rc 1)
+        return api.RunResult(ok=False, rc=1, status="failed", refused=api.refused_before_play(1, [
+            "[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no hosts to target."]),
+            reason="ansible-playbook ended (runner status failed, rc 1) without a play recap:\n[ERROR]: Specified "
+                   "inventory, host pattern and/or --limit leaves us with no hosts to target.")
 
     monkeypatch.setattr(api, "run_playbook_live", fake_run_playbook)  # the CLI's runs show progress
-    assert main(["status", "-l", "typo"]) == 1
+    assert main(["status", "-l", "typo"]) == 2  # refused before any change
     assert seen["playbook"] == "status" and seen["inventory"] is None and seen["limit"] == "typo"
     out = capsys.readouterr().out
     assert "no host matched" in out and "'typo'" in out

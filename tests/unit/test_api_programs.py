@@ -90,12 +90,14 @@ def test_the_run_says_why_it_could_not_start(monkeypatch):
     assert not result.ok and result.hosts == {} and result.rc is None
     assert result.reason.startswith("the run could not start: ansible-playbook not found"), result.reason
     assert "/nonexistent/bin" in result.reason
+    assert result.exit_code == 4 and not result.started  # Ansible could not be started
 
 
 def test_a_run_without_recap_says_what_ansible_playbook_printed(tmp_path):
     result = api.run_playbook(str(tmp_path / "missing.yml"), inventory={"all": {"hosts": {"localhost": {}}}})
     assert not result.ok and not result.stats
     assert "without a play recap" in result.reason and "missing.yml" in result.reason, result.reason
+    assert result.started and not result.refused and result.exit_code == 4, result  # it ended before any play
 
 
 # --- the README's example, run as the issue ran it ------------------------------------------------
@@ -148,11 +150,12 @@ def test_no_ansible_playbook_anywhere_gives_a_reason_naming_it(tmp_path):
     result = run_example(python, ping(tmp_path), tmp_path, **env)
     assert not result.ok and result.hosts == {}
     assert "ansible-playbook not found" in result.reason and str(tmp_path / "bare" / "bin") in result.reason, result
-    # the CLI says the same and exits 1
+    # the CLI says the same and exits 4: Ansible could not be started
     res = subprocess.run([python, "-m", "dflash_trainer", "status", "-l", "gpu-host"], cwd=str(tmp_path),
                          env=dict(env, PATH=MINIMAL_PATH, HOME=os.environ.get("HOME", "/root")),
                          capture_output=True, text=True, timeout=120, check=False)
-    assert res.returncode == 1 and "ansible-playbook not found" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 4 and "ansible-playbook not found" in res.stdout, res.stdout + res.stderr
+    assert result.exit_code == 4 and not result.started
 
 
 @pytest.mark.parametrize("script", ["soak.py", "fleet_fault.py", "field.py", "run.py"])

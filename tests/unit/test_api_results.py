@@ -186,8 +186,18 @@ def test_runner_kwargs_defaults_point_at_the_checkout():
                              "ANSIBLE_HOST_KEY_CHECKING": "True"}
     assert kw["limit"] == "gpu-host" and kw["quiet"] is True and "timeout" not in kw
     assert api.runner_kwargs("deploy", private_data_dir="p")["playbook"] == os.path.join(root, "deploy.yml")
-    for name in api.PLAYBOOKS:
-        assert os.path.isfile(api.runner_kwargs(name, private_data_dir="p")["playbook"]), name
+    for name, path in api.PLAYBOOKS.items():
+        if name in ("stop", "start") and not os.path.isfile(os.path.join(root, path)):
+            continue  # written beside this package (the role's stop/start entry points): tests/unit/test_api_exit_codes.py
+        assert api.runner_kwargs(name, private_data_dir="p")["playbook"] == os.path.join(root, path), name
+    monkeypatch_free = dict(api.PLAYBOOKS, nope=os.path.join("playbooks", "nope.yml"))
+    saved = api.PLAYBOOKS
+    try:
+        api.PLAYBOOKS = monkeypatch_free
+        with pytest.raises(FileNotFoundError, match="the playbook playbooks/nope.yml is not in the collection"):
+            api.runner_kwargs("nope", private_data_dir="p")
+    finally:
+        api.PLAYBOOKS = saved
 
 
 def test_rollback_passes_the_release(monkeypatch):
@@ -197,11 +207,16 @@ def test_rollback_passes_the_release(monkeypatch):
         seen.update(kw, playbook=playbook)
         return RunResult(ok=True, rc=0, status="successful")
 
-    monkeypatch.setattr(api, "run_playbook", fake_run_playbook)
-    api.rollback(release=GOOD, limit="gpu-host", extravars={"x": 1})
+    monkeypatch.setattr(api, "run_playbook_live", fake_run_playbook)
+    api.rollback("gpu-host", to=GOOD, extravars={"x": 1})
     assert seen["playbook"] == "rollback" and seen["extravars"] == {"x": 1, "trainer_rollback_release": GOOD}
+    assert seen["limit"] == "gpu-host"
+    api.rollback(release=GOOD, limit="gpu-host")  # the earlier keyword
+    assert seen["extravars"] == {"trainer_rollback_release": GOOD}
     api.rollback(limit="gpu-host")
     assert "trainer_rollback_release" not in seen["extravars"]
+    with pytest.raises(ValueError, match="name two releases"):
+        api.rollback("gpu-host", to=GOOD, release=BAD)
 
 
 def test_cli(monkeypatch, capsys):

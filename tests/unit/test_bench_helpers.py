@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -133,3 +134,96 @@ def test_calls_by_task_recap_and_readme_markers():
     assert bl.recap_lines(text) == {"bench-220": {"ok": 14, "changed": 0, "unreachable": 0, "failed": 0}}
     doc = "# t\n<!-- s -->\nold\n<!-- e -->\ntail\n"
     assert bl.replace_between(doc, "<!-- s -->", "<!-- e -->", "new\n") == "# t\n<!-- s -->\nnew\n<!-- e -->\ntail\n"
+
+
+def _task(name, start, end, hosts):
+    return {"task": {"name": name, "duration": {"start": start, "end": end}}, "hosts": hosts}
+
+
+RESTART = "dflash.trainer.trainer_restart"
+
+
+def test_the_restart_jobs_outcome_is_read_from_the_call_that_saw_it_end():
+    """Sections 4-6 read what the role runs: the restart job (trainer_restart state=start, then
+    state=wait until it ends) - its result is that of the last call that saw the job finished."""
+    failed = {"ok": False, "msg": "ModuleNotFoundError: No module named 'torch'", "rolled_back": True,
+              "outcome": "Rolled back: the last good release a1 runs again", "failed_phase": "proving",
+              "failure_details": {"invocation_id": "inv-bad", "unit": {"InvocationID": "inv-bad"}}}
+    proved = {"ok": True, "proof": {"invocation_id": "inv-good", "seconds_to_ready": 4.2}}
+    doc = {"plays": [{"tasks": [
+        _task("trainer : Check the inputs against the target", "2026-11-30T04:00:00Z", "2026-11-30T04:00:01Z", {
+            "bench-220": {"action": "dflash.trainer.trainer_status", "no_op": False},
+            "bench-221": {"action": "dflash.trainer.trainer_status", "no_op": False}}),
+        _task("trainer : Pre-flight, install and start the restart job", "2026-11-30T04:00:01Z",
+              "2026-11-30T04:00:11Z", {
+                  "bench-220": {"action": RESTART, "started": True, "finished": False, "phase": "proving"},
+                  "bench-221": {"action": RESTART, "started": True, "finished": True, "result": proved}}),
+        _task("trainer : Watch the restart job", "2026-11-30T04:00:11Z", "2026-11-30T04:00:25.5Z", {
+            "bench-220": {"action": RESTART, "finished": True, "result": failed, "attempts": 2},
+            "bench-221": {"action": RESTART, "skipped": True}}),
+    ]}]}
+    rows = bl.task_results(doc)
+    task, job = bl.job_outcome(rows, "bench-220")
+    assert task["name"] == "trainer : Watch the restart job" and job is failed
+    assert task["end"] == pytest.approx(bl.parse_iso_utc("2026-11-30T04:00:25.5Z"))
+    assert bl.failed_invocation(job) == "inv-bad"
+    assert bl.failed_invocation({"failure_details": {"unit": {"InvocationID": "u1"}}}) == "u1"
+    assert bl.failed_invocation({"ok": False}) is None
+    task, job = bl.job_outcome(rows, "bench-221")  # ended within the call that started it; the wait skipped
+    assert task["name"].endswith("start the restart job") and job["proof"]["invocation_id"] == "inv-good"
+    assert bl.job_outcome(rows, "bench-222") == (None, None)
+    # the job still running when the play ended: no outcome
+    assert bl.job_outcome(bl.task_results({"plays": [{"tasks": [doc["plays"][0]["tasks"][1]]}]}),
+                          "bench-220") == (None, None)
+    assert [r["host"] for r in bl.ran(rows, RESTART)] == ["bench-220", "bench-221", "bench-220"]
+    assert bl.ran(rows, RESTART, "bench-221")[0]["result"]["finished"] is True
+    assert len(bl.ran(rows, "dflash.trainer.trainer_status")) == 2
+
+
+def test_the_jobs_stop_of_the_failed_start_is_found_after_its_exit():
+    unit = "dflash-trainer.service"
+    lines = [
+        {"MESSAGE": "Stopping dflash-trainer.service - DFlash trainer...", "UNIT": unit,
+         "__REALTIME_TIMESTAMP": "99000000"},  # the cycle's first stop (the good trainer), before the exit
+        {"MESSAGE": "dflash-trainer.service: Main process exited, code=exited, status=1/FAILURE", "UNIT": unit,
+         "INVOCATION_ID": "inv-bad", "__REALTIME_TIMESTAMP": "100000000"},
+        {"MESSAGE": "Stopped other.service - x", "UNIT": "other.service", "__REALTIME_TIMESTAMP": "100100000"},
+        {"MESSAGE": "dflash-trainer.service: Failed with result 'exit-code'.", "UNIT": unit,
+         "__REALTIME_TIMESTAMP": "100200000"},
+        {"MESSAGE": "Stopped dflash-trainer.service - DFlash trainer.", "UNIT": unit,
+         "__REALTIME_TIMESTAMP": "100750000"},
+        {"MESSAGE": "Started dflash-trainer.service - DFlash trainer.", "UNIT": unit,
+         "__REALTIME_TIMESTAMP": "101000000"},
+    ]
+    entries = bl.parse_journal("\n".join(json.dumps(x) for x in lines))
+    exit_ts, _msg = bl.main_exit_time(entries, "inv-bad")
+    ts, msg = bl.unit_stop_time(entries, exit_ts)
+    assert ts == pytest.approx(100.75) and msg.startswith("Stopped dflash-trainer.service")
+    assert bl.unit_stop_time(entries, 101.0) == (None, None)
+    assert bl.unit_stop_time(entries, 0)[0] == pytest.approx(99.0)
+
+
+def test_role_defaults_are_read_not_copied():
+    text = ("---\n# readiness\ntrainer_ready_min_steps: 2\ntrainer_ready_interval_s: 0.5  # a poll\n"
+            "trainer_measure_s: null\n  trainer_nested: 9\n")
+    assert bl.role_default(text, "trainer_ready_interval_s") == "0.5"
+    assert bl.role_default(text, "trainer_ready_min_steps") == "2"
+    assert bl.role_default(text, "trainer_nested") is None and bl.role_default(text, "trainer_x") is None
+    real = open(os.path.join(os.path.dirname(__file__), "..", "..", "roles", "trainer", "defaults", "main.yml")).read()
+    assert float(bl.role_default(real, "trainer_ready_interval_s")) > 0
+    assert int(bl.role_default(real, "trainer_ready_min_steps")) >= 1
+
+
+def test_the_bench_reads_only_actions_the_role_runs():
+    """bench/run.py looks for tasks by action: each one it names is a module the role still calls."""
+    here = os.path.dirname(__file__)
+    root = os.path.join(here, "..", "..")
+    bench = open(os.path.join(root, "bench", "run.py")).read() + open(os.path.join(root, "bench", "benchlib.py")).read()
+    role = ""
+    for dirpath, _dirs, files in os.walk(os.path.join(root, "roles", "trainer")):
+        for name in files:
+            if name.endswith(".yml"):
+                role += open(os.path.join(dirpath, name)).read()
+    named = set(re.findall(r'"(dflash\.trainer\.(?:trainer|gpu)_[a-z_]+)"', bench))  # modules, not the connection
+    assert named and bl.RESTART_ACTION in named
+    assert {a for a in named if a + ":" not in role} == set()

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 
 import pytest
 
-from dflash_trainer import api, check_log
+import dflash_trainer
+from dflash_trainer import api
 from dflash_trainer.__main__ import main, parse_extravar
 from dflash_trainer.results import RunResult, TrainerLog
+
+check_log = sys.modules["dflash_trainer.check_log"]  # the module (dflash_trainer.check_log is the API function)
 
 LOGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "logs")
 
@@ -298,3 +302,15 @@ def test_an_installed_collection_is_found_and_its_defaults_read(tmp_path, monkey
     coll = check_log.load_collection(root)
     assert str(base) in sys.path
     assert check_log.role_defaults(coll.root)["trainer_ready_hold_s"] == check("import_error.log", coll).opts["hold_s"]
+
+
+def test_the_api_function_mirrors_the_subcommand(tmp_path):
+    """dflash_trainer.check_log(file, extravars=...) is check-log: the same replay, its exit_code the
+    subcommand's exit status; bad input raises the module's BadInput (exit status 2)."""
+    good = dflash_trainer.check_log(os.path.join(LOGS, "megatron.log"))
+    assert good.ok and good.exit_code == 0
+    bad = dflash_trainer.check_log(os.path.join(LOGS, "import_error.log"))
+    assert not bad.ok and bad.exit_code == 1
+    assert main(["check-log", os.path.join(LOGS, "import_error.log"), "-q"]) == bad.exit_code
+    with pytest.raises(check_log.BadInput, match="trainer_step_rgex"):
+        dflash_trainer.check_log(os.path.join(LOGS, "megatron.log"), extravars={"trainer_step_rgex": "x"})

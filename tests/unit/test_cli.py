@@ -43,7 +43,9 @@ def test_json_round_trips_into_the_typed_result(name):
     back = RunResult.from_dict(json.loads(text))
     assert back == result
     for host, h in json.loads(text)["hosts"].items():  # every JSON key is a field of the typed result
-        assert set(h) == set(back.hosts[host].__dataclass_fields__)
+        assert set(h) == set(back.hosts[host].__dataclass_fields__) | {"exit_code", "summary"}  # + the derived
+        assert h["exit_code"] == back.hosts[host].exit_code and h["summary"] == back.hosts[host].summary()
+    assert json.loads(text)["exit_code"] == back.exit_code
 
 
 def test_json_of_a_log_and_diffs_round_trips():
@@ -108,18 +110,31 @@ def test_progress_says_each_step_and_the_restart_jobs_phase():
     assert out.getvalue().splitlines()[3] == "[  33s]   restart job: proving (30 s)"
 
 
-def test_summary_table_with_the_comparison():
-    result = build_run_result(events("deploy_restarted_proved"), rc=0, status="successful")
-    h = result.hosts["gpu-host"]
-    h.comparison = {"words": "release x (content x): 19.7K tok/s (median of 10 samples over 10 s) — previous y: "
-                             "19.9K (-1%), best 20.0K", "median": 19712.4}
-    text = progress.summary(result)
-    header, row, comparison = text.splitlines()
-    assert header.split() == ["HOST", "RESULT", "RELEASE", "RESTARTED", "ROLLED", "BACK", "TOK/S"]
-    assert row.split() == ["gpu-host", "ok", "(changed)", h.release, "yes", "no", "19712"]
-    assert comparison == "gpu-host: " + h.comparison["words"]
+def test_summary_block_per_host():
+    result = build_run_result(events("deploy_job_proved"), rc=0, status="successful")
+    result.playbook, result.elapsed_s = "deploy", 64.0
+    result.inventory, result.inventory_from = ["/srv/inv.yml"], "given (-i)"
+    lines = progress.summary(result).splitlines()
+    assert lines[0] == "summary: deploy, 64 s; inventory /srv/inv.yml (given (-i))"
+    assert lines[1] == "gpu-host: PROVED (exit 0) in 61 s"  # the host's events: 10:00:00 to 10:01:01
+    assert lines[2] == "  release f46db2d746e6dc57 (was dda2287ea665b415), source git 4f1c2d9 dirty"
+    assert lines[3] == "  config 9e1d4470 (previous 3fa1c2d9)"
+    assert lines[4] == "  tok/s 40106 vs 41219 before (-2.7%) (release dda2287ea665b415, config 3fa1c2d9)"
+    assert lines[5].startswith("  restarted because: trainer_src changed (release dda2287ea665b415 -> f46db2d746e6dc57)")
+    assert lines[6] == "  proved ready: release f46db2d746e6dc57, step 14, 15.2 s to ready"
+    assert lines[-1] == "exit status 0: healthy / proved"
     failed = build_run_result(events("deploy_ready_failed_rolled_back"), rc=2, status="failed")
-    assert progress.summary_rows(failed)[0][1:5] == ["FAILED", failed.hosts["gpu-host"].release, "yes", "yes"]
+    failed.playbook = "deploy"
+    text = progress.summary(failed)
+    assert "gpu-host: FAILED, ROLLED BACK (exit 1)" in text
+    assert "  rolled back to %s (from %s)" % (failed.hosts["gpu-host"].release,
+                                              failed.hosts["gpu-host"].previous_release) in text
+    assert text.splitlines()[-1].startswith("exit status 1: the trainer is unhealthy or the proof failed")
+    refused = build_run_result(events("deploy_preflight_refused"), rc=2, status="failed")
+    refused.playbook = "deploy"
+    text = progress.summary(refused)
+    assert "gpu-host: REFUSED (exit 2) in 10 s" in text and "rolled back" not in text
+    assert "  refused before any change: pre-flight refused release f46db2d746e6dc57: ModuleNotFoundError" in text
 
 
 # ---- --check / --diff reach ansible-playbook; events reach the handler; cancel -------------------
@@ -173,7 +188,7 @@ def test_cli_check_diff_progress_and_summary(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert "step: Upload the code" in err
     assert "--- gpu-host: Upload the code\nrelease a → b: 0 added, 0 removed, 1 modified\nM trainer.py (16 B → 17 B)" in out
-    assert out.rstrip().splitlines()[-2].split()[:3] == ["HOST", "RESULT", "RELEASE"]
+    assert "\ngpu-host: PROVED (exit 0)" in out and out.rstrip().endswith("exit status 0: healthy / proved")
     # -q: no progress; --json: the RunResult only
     assert main(["deploy", "-q", "--json"]) == 0
     out, err = capsys.readouterr()

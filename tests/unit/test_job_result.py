@@ -24,6 +24,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._job_result import 
     problems,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
+from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import StopJob
 from ansible_collections.dflash.trainer.plugins.modules import trainer_restart
 from dflash_trainer.results import Proof, RestartJobResult, build_host_results
 from test_restart_job import FakeLayout, FakeSteps, Lease  # pylint: disable=wrong-import-order
@@ -131,6 +132,8 @@ def scenarios():
     yield "ledger unwritable", RestartJob(FakeSteps(), LedgerFails()).run()
     yield "last good unwritable", RestartJob(FakeSteps(), MarkGoodFails()).run()
     yield "lease lost", RestartJob(FakeSteps(), FakeLayout(), lease=Lease(1)).run()
+    yield "stopped on purpose", StopJob(FakeSteps(), lambda: {"running": True, "release": "r", "main_pid": 7},
+                                        "dflash-trainer").run()
 
 
 def test_every_way_the_job_ends_is_a_declared_result_and_every_declared_key_is_produced():

@@ -54,9 +54,7 @@ def judge_at(tmp_path, name, content, kind):
 
 @pytest.mark.parametrize("kind,content", [
     ("launcher", None),
-    ("launcher", "#!/usr/bin/python3\n\"\"\"ExecStart of the dflash trainer unit: pin the release\n"),  # before the mark
     ("env", o.ENV_MARK + '\nHF_TOKEN="x"\n'),
-    ("env", 'HF_TOKEN="x"\nPYTHONUNBUFFERED="1"\nTORCHINDUCTOR_CACHE_DIR="/tmp/torchinductor_root"\n'),  # legacy
     ("unit", UNIT),
     ("log", marker_line("a" * 32, "r1", 7, "2026-01-01T00:00:00+00:00") + "\nstep=1 tok/s=5\n"),
     ("log", ""),
@@ -83,8 +81,19 @@ def test_the_unit_file_is_not_an_environment_file(tmp_path):
     assert "not written by dflash.trainer" in why and "the environment file" in why
 
 
-def test_shadow_like_lines_are_not_a_legacy_env_file(tmp_path):
+def test_shadow_like_lines_are_not_an_env_file(tmp_path):
     assert judge_at(tmp_path, "shadow", "root:$y$j9T$abc:19000:0:99999:7:::\n", "env")
+
+
+@pytest.mark.parametrize("kind,content", [
+    # the collection's own words without its mark line: the mark is what makes a file ours
+    ("launcher", "#!/usr/bin/python3\n\"\"\"ExecStart of the dflash trainer unit: pin the release\n"),
+    ("env", 'HF_TOKEN="x"\nPYTHONUNBUFFERED="1"\nTORCHINDUCTOR_CACHE_DIR="/tmp/torchinductor_root"\n'),
+    ("env", 'HF_TOKEN="x"\n' + o.ENV_MARK + "\n"),  # the mark, but not as the first line
+])
+def test_a_file_without_the_mark_is_refused(tmp_path, kind, content):
+    why = judge_at(tmp_path, "f", content, kind)
+    assert why and "exists and was not written by dflash.trainer" in why
 
 
 def test_a_directory_where_a_file_goes_is_refused(tmp_path):
