@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_change(p)
         if name == "deploy":
             p.add_argument("--src", metavar="DIR", help="the trainer's code to upload (trainer_src; default: the "
-                                                         "inventory's or -e trainer_src)")
+                                                        "inventory's or -e trainer_src)")
             p.add_argument("--force", action="store_true",
                            help="restart and prove even when nothing changed, and accept a slower release "
                                 "(trainer_force_restart=true)")
@@ -637,7 +637,7 @@ def watch_line(host: str, h: Optional[HostResult], result: RunResult) -> str:
     s = h.status
     if s is None:
         return "%s %s: %s (exit %d): %s" % (stamp, host, h.verdict("status").upper(), h.exit_code,
-                                             ((h.reason or "").splitlines() or ["no status read"])[0])
+                                            ((h.reason or "").splitlines() or ["no status read"])[0])
     health = (s.health or {}).get("words") or "-"
     return "%s %s: %s (exit %d) unit %s/%s pid %s, running %s, current %s, last good %s%s, restarts %s, %s tok/s; %s" % (
         stamp, host, h.verdict("status").upper(), h.exit_code, s.active_state, s.sub_state, s.main_pid,

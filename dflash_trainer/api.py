@@ -520,6 +520,7 @@ def follow_logs(on_lines, limit: Optional[str] = None, *, inventory: Inventory =
     read = logs if read is None else read
     positions: dict = {}
     began = None
+    result: Optional[RunResult] = None  # set by the first read (pacing begins only after it)
     while True:
         if began is not None:  # pace the reads
             while not stop() and clock() - began < every_s:

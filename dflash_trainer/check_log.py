@@ -521,7 +521,7 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
            line_interval_s: float = DEFAULT_LINE_INTERVAL_S, clock: str = "auto", at_end: str = "hang",
            exit_status: int = 1, start: Optional[str] = None, what_if: bool = True) -> Replay:
     """Feed TEXT (a captured log) to StartLog and the Judge on a simulated clock; see the module."""
-    if not line_interval_s > 0 or not math.isfinite(line_interval_s):
+    if line_interval_s <= 0 or not math.isfinite(line_interval_s):
         raise BadInput("--line-interval-s: expected a number of seconds above 0, got %r" % line_interval_s)
     T, R = coll.trainer_log, coll.readiness
     raw = split_lines(text, T.LINE_END)
@@ -664,7 +664,7 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
     result.advice = advise(result, ours)
     if what_if and not result.ok:
         found = passing_change(coll, text, result, ours, dict(line_interval_s=line_interval_s, clock=clock,
-                                                               at_end=at_end, exit_status=exit_status, start=start))
+                                                              at_end=at_end, exit_status=exit_status, start=start))
         if found is not None:
             result.advice.insert(0, found)
     return result

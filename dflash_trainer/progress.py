@@ -131,7 +131,7 @@ def host_block(h: HostResult, playbook: Optional[str] = None, run_elapsed_s: Opt
     s = h.summary(playbook)
     elapsed = s["elapsed_s"] if s["elapsed_s"] is not None else run_elapsed_s
     lines = ["%s: %s (exit %d)%s" % (h.host, s["verdict"].upper(), s["exit_code"],
-                                    " in %s" % _fmt_s(elapsed) if elapsed is not None else "")]
+                                     " in %s" % _fmt_s(elapsed) if elapsed is not None else "")]
     if s["release"]:
         was = " (was %s)" % s["previous_release"] if s["previous_release"] and s["previous_release"] != s["release"] \
             else ""

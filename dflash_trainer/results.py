@@ -343,7 +343,9 @@ class HostResult:
         failed, failed, rolled back."""
         if self.ok:
             if playbook == "status":
-                return "healthy"
+                # a trainer stopped on purpose (the stop playbook) is no failure, and not running either
+                health = self.status.health if self.status is not None else None
+                return "stopped" if isinstance(health, Mapping) and health.get("stopped") else "healthy"
             if playbook == "stop":
                 return "stopped"
             if playbook in CHANGING:

@@ -39,6 +39,9 @@ import stat
 _KEY = r"[A-Za-z0-9_]{32,}"
 _KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{31,}$")
 _HASH2_RE = re.compile(r"^[A-Za-z0-9_]{2}$")
+# a file named by a bare hash: FxGraphCache's and AOTAutogradCache's entries (sha256 in lowercase base32,
+# which may begin with a digit: 5nyninwi2ib6eg3h…), hex digests; with its .lock
+_HASH_NAME_RE = re.compile(r"^[a-z0-9]{32,}(\.lock)?$")
 # a file named by a key: <key>.<ext>[.<ext>...] (c3bm….main.cpp, c24….so, c24….so.load_ok)
 _KEY_FILE_RE = re.compile(r"^(%s)((?:\.[A-Za-z0-9_]{1,16}){0,4})$" % _KEY)
 # a file whose name carries a hash somewhere (code_state_<hash>.pkl, <name>_<hash>.so)
@@ -140,7 +143,7 @@ def entry_problem(parts, kind):
             if top == "cache" and depth == 2:
                 return None if _NAME_RE.match(name) else _not_inductor(kind)
             return _not_inductor(kind)
-        return None if _key_file(name) or _TEMP_RE.match(name) or re.match(r"^[0-9a-f]{32,}(\.lock)?$", name) \
+        return None if _key_file(name) or _TEMP_RE.match(name) or _HASH_NAME_RE.match(name) \
             else "a file not named by a hash"
     if top == "triton":
         if kind == "dir":
@@ -174,7 +177,7 @@ def tree_problem(tree):
     return ("does not look like a torchinductor cache: it holds %s%s, which inductor does not write (%s%s: %s; a "
             "cache holds two-character hash directories of files named by that hash, locks/, precompiled_headers/, "
             "fxgraph/, aotautograd/, triton/, ...)" % (shown, " and %d more entries like them" % more if more > 0 else "",
-                                                      first[0], "/" if first[1] == "dir" else "", first[2]))
+                                                       first[0], "/" if first[1] == "dir" else "", first[2]))
 
 
 def cache_problem(facts):

@@ -624,7 +624,7 @@ def judge(variable, kind, facts):
     if kind in PERSISTENT_KINDS and facts.get("fstype") in VOLATILE_FS:
         return "%s%s lies on a %s (%s): it is lost at reboot, and the enabled unit then fails to start; put it on " \
                "a disk (the default: %s)" % (facts.get("path"), via, facts["fstype"], facts.get("mount_point"),
-                                              _DEFAULTS[kind])
+                                             _DEFAULTS[kind])
     if not facts.get("exists"):
         return None
     if kind == "cache":
@@ -655,7 +655,7 @@ def _root_names(facts):
     foreign = [n for n, _k, marked in facts.get("releases") or [] if not marked and not n.startswith(".tmp-")]
     if foreign:
         shown += "; releases/ holds %s, which %s no %s" % (", ".join(foreign[:5]), "has" if len(foreign) == 1
-                                                          else "have", RELEASE_MARK_NAME)
+                                                           else "have", RELEASE_MARK_NAME)
     return shown
 
 

@@ -286,9 +286,17 @@ def interpreter_check(argv, release_dir, path):
         return [exe, "-c", "pass"], "%s starts" % exe
     if kind == "shell":
         prog = str(argv[0])
-        script = prog if "/" in prog else next((str(a) for a in argv[1:] if not str(a).startswith("-")), None)
-        if script:
-            return [exe, "-n", script], "%s reads %s" % (exe, script)
+        if "/" in prog:  # a script run by its #! shell
+            return [exe, "-n", prog], "%s reads %s" % (exe, prog)
+        words = [str(a) for a in argv[1:]]
+        for i, word in enumerate(words):
+            if word.startswith("-") and not word.startswith("--") and "c" in word[1:]:
+                # sh -c 'COMMAND' (or -lc, -ec): the command string is read, not a file
+                if i + 1 < len(words):
+                    return [exe, "-n", "-c", words[i + 1]], "%s reads its -c command" % exe
+                return None, None
+            if not word.startswith("-"):
+                return [exe, "-n", word], "%s reads %s" % (exe, word)
     return None, None
 
 

@@ -218,4 +218,3 @@ def run_stop(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lock=
     result = mask(result, secrets)
     record.finish(result)
     return result
-

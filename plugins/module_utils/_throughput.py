@@ -207,7 +207,7 @@ def compare(figures, ledger, release, source=None, config=None):
             "%+.0f%%" % change if change is not None else "n/a")
         if config is not None or config_of(prev) is not None:
             words += ", config %s vs %s (%s)" % (config_name(config), config_name(config_of(prev)),
-                                                what_changed(release, config, prev))
+                                                 what_changed(release, config, prev))
     else:
         words += " — no previous good release measured"
         if config is not None:

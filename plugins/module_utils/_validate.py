@@ -504,7 +504,7 @@ def _pathological_problems(v, already):
         if isinstance(v.get(name), str) and v[name] and name not in already:
             items.append((name, v[name]))
     for i, rx in enumerate(v.get("trainer_error_regexes") or [] if isinstance(v.get("trainer_error_regexes"),
-                                                                             (list, tuple)) else []):
+                                                                              (list, tuple)) else []):
         label = "trainer_error_regexes[%d]" % i
         if isinstance(rx, str) and rx and label not in already:
             items.append((label, rx))

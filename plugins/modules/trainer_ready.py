@@ -90,7 +90,7 @@ options:
     description: Python regular expressions that fail the task when a line of this start's log matches.
     type: list
     elements: str
-    default: ['Traceback \(most recent call last\)', 'CUDA out of memory', 'NCCL error', 'OutOfMemoryError']
+    default: ['Traceback \(most recent call last\)', 'CUDA out of memory', 'OutOfMemoryError', 'NCCL error']
   min_steps:
     description:
       - Increasing step values this start's log must show. V(0) turns the step checks off (for a trainer

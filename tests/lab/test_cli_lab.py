@@ -144,4 +144,3 @@ def test_stop_and_start_through_the_cli(lab, ct, deployed):
     out = json.loads(res.stdout)
     assert out["exit_code"] == 0 and out["hosts"][HOST]["summary"]["verdict"] == "proved", res.stdout
     assert lab.ct(CT, "systemctl", "is-active", "dflash-trainer", check=False).stdout.strip() == "active"
-

@@ -13,7 +13,6 @@ strands it (lab container 247):
 
 either way the previous trainer is running and proved afterwards, and the environment file on disk
 is the previous one."""
-import hashlib
 import json
 import os
 import shutil

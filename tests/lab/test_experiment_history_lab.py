@@ -49,7 +49,7 @@ def ledger(lab):
 def test_an_environment_only_deploy_is_an_entry_of_its_own_compared_with_the_one_before(lab, inv):
     res = playbook(inv, "deploy.yml", ENV)
     assert res.returncode == 0, res.stdout[-3000:]
-    (first,), _ = ledger(lab)
+    (first,), _rest = ledger(lab)
     assert first["verdict"] == "proved" and re.fullmatch(r"[0-9a-f]{8}", first["config"]), first
 
     # the same release, one value changed: the first read says restart (the environment file differs)

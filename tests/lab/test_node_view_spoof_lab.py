@@ -241,7 +241,7 @@ def test_a_user_unit_named_like_the_trainer_is_not_the_trainer(lab, spoof):
     ours = wait_for(lambda: host_pid(spoof, uuid5, "spoof-victim"), timeout=20)
     assert ours, node_rows(spoof)
     res = lab.ct(CT, "bash", "-c", USER_HOLDER % {"cg": USER_UNIT, "gpus": "%d,%d" % (COMMA_GPU, NEWLINE_GPU),
-                                                   "mib": 3000})
+                                                  "mib": 3000})
     assert res.returncode == 0, res.stderr
     try:
         def alices():
@@ -276,4 +276,4 @@ def test_a_user_unit_named_like_the_trainer_is_not_the_trainer(lab, spoof):
         lab.ct(CT, "pkill", "-u", "alice", "-x", "sleep")
         lab.ct(CT, "systemctl", "stop", "spoof-victim")
         lab.ct(CT, "sh", "-c", "sleep 0.5; rmdir %s %s %s" % (USER_UNIT, os.path.dirname(USER_UNIT),
-                                                               os.path.dirname(os.path.dirname(USER_UNIT))))
+                                                              os.path.dirname(os.path.dirname(USER_UNIT))))

@@ -94,10 +94,14 @@ def test_a_printed_secret_is_masked_in_output_state_and_ledger(lab, inv, tmp_pat
         assert mode == "600", (path, mode)
         text = lab.ct(CT, "cat", path).stdout
         assert "***" in text and SECRET not in text, path
-    # the release was the last good one, its new command failed: the job stopped the failed trainer,
-    # and status says so (exit != 0) with no secret in what it shows
+    # the release was the last good one, its new command failed: the job put back the configuration
+    # it was proved with (the unit, whose ExecStart holds the command) and proved it again - never a
+    # stopped trainer; status says it runs, healthy, with no secret in what it shows
+    assert "runs again with the configuration it was proved with (unit file restored)" in out, out[-3000:]
+    unit = lab.ct(CT, "cat", "/etc/systemd/system/dflash-trainer.service").stdout
+    assert "RuntimeError: token" not in unit and "run.sh" in unit
     status = subprocess.run(["ansible-playbook", "-i", inv, "playbooks/status.yml", "-l", "sec", "-e",
                              "trainer_target_hosts=all"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120, check=False)
-    assert status.returncode != 0 and "not running" in status.stdout, status.stdout[-2000:]
+    assert status.returncode == 0 and "active/running" in status.stdout, status.stdout[-2000:]
     assert SECRET not in status.stdout + status.stderr

@@ -58,7 +58,7 @@ def test_exit_code_of_each_recorded_outcome(name, rc, status, code):
 @pytest.mark.parametrize("name,rc,status,code", CASES, ids=[c[0] for c in CASES])
 def test_the_cli_exits_with_the_same_code(monkeypatch, capsys, name, rc, status, code):
     monkeypatch.setattr(api, "run_playbook_live", lambda playbook, **kw: build_run_result(events(name), rc=rc,
-                                                                                           status=status))
+                                                                                          status=status))
     assert main(["deploy", "-q"]) == code
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1] == "exit status %d: %s" % (code, EXIT_CODES[code])
@@ -110,7 +110,7 @@ def test_status_of_an_unhealthy_trainer_is_1():
     evs = [event("runner_on_ok", "h", "dflash.trainer.trainer_status",
                  {"running": False, "active_state": "failed", "health": {"ok": False, "words": "died after its proof"}}),
            event("runner_on_failed", "h", "ansible.builtin.fail", {"msg": "dflash-trainer is not running its proved "
-                                                                  "release healthily: died after its proof"}),
+                                                                   "release healthily: died after its proof"}),
            ok_stats("h", failures=["h"])]
     result = build_run_result(evs, rc=2, status="failed")
     assert result.exit_code == 1 and result.hosts["h"].verdict("status") == "unhealthy"
@@ -121,8 +121,10 @@ def test_several_hosts_a_failure_wins_over_unreachable_over_refused():
     down = {"event": "runner_on_unreachable", "event_data": {"host": "b", "task": "t", "res": {"msg": "gone"}}}
     refuse = event("runner_on_failed", "c", "dflash.trainer.trainer_validate", {"msg": "bad"})
     up = event("runner_on_ok", "d", "ansible.builtin.debug", {})
-    run = lambda *evs, **stats: build_run_result(list(evs) + [ok_stats("a", "b", "c", "d", **stats)],  # noqa: E731
-                                                 rc=2, status="failed")
+
+    def run(*evs, **stats):
+        return build_run_result(list(evs) + [ok_stats("a", "b", "c", "d", **stats)], rc=2, status="failed")
+
     assert run(fail, down, refuse, up, failures=["a", "c"], dark=["b"]).exit_code == 1
     assert run(down, refuse, up, failures=["c"], dark=["b"]).exit_code == 3
     assert run(refuse, up, failures=["c"]).exit_code == 2
@@ -177,3 +179,12 @@ def test_each_subcommands_help_documents_the_exit_codes(capsys):
         with pytest.raises(SystemExit):
             main([name, "--help"])
         assert "3 a host unreachable" in " ".join(capsys.readouterr().out.split()), name
+
+
+def test_status_of_a_trainer_stopped_on_purpose_says_stopped_not_healthy():
+    from dflash_trainer.results import HostResult, TrainerStatus
+    stopped = TrainerStatus.from_result({"health": {"ok": False, "words": "stopped on purpose by ops at 12:00",
+                                                    "stopped": {"release": "r1", "pid": 42}}})
+    running = TrainerStatus.from_result({"health": {"ok": True, "words": "ok"}})
+    assert HostResult(host="h", ok=True, status=stopped).verdict("status") == "stopped"
+    assert HostResult(host="h", ok=True, status=running).verdict("status") == "healthy"

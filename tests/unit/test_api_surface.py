@@ -235,7 +235,7 @@ def test_follow_logs_paces_its_reads_and_polls_long():
     api.follow_logs(lambda host, log: None, "h", read=read, sleep=clock.sleep, clock=clock,
                     stop=lambda: len(starts) >= 4)
     assert [w for _t, w in starts] == [api.FOLLOW_WAIT_S] * 4 and api.FOLLOW_WAIT_S >= 10
-    gaps = [b - a for (a, _), (b, _) in zip(starts, starts[1:])]
+    gaps = [b - a for (a, _wa), (b, _wb) in zip(starts, starts[1:])]
     assert all(g >= api.FOLLOW_EVERY_S - 1e-9 for g in gaps), gaps  # at most one run per FOLLOW_EVERY_S
 
 

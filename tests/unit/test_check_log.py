@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 
 import pytest
 
 import dflash_trainer
 from dflash_trainer import api
-from dflash_trainer.__main__ import main, parse_extravar
+from dflash_trainer.__main__ import main
 from dflash_trainer.results import RunResult, TrainerLog
 
 check_log = sys.modules["dflash_trainer.check_log"]  # the module (dflash_trainer.check_log is the API function)
@@ -123,7 +122,7 @@ def test_cli_e_key_value_keeps_backslashes_and_changes_the_exit_status(tmp_path,
 
 def test_hold_and_stall_from_e(coll):
     short = check("crash_mid_run.log", coll, {"trainer_error_regexes": ["NO-SUCH-ERROR"],
-                                               "trainer_ready_hold_s": "2", "trainer_ready_stall_s": "1"})
+                                              "trainer_ready_hold_s": "2", "trainer_ready_stall_s": "1"})
     assert short.ok and short.variables["trainer_ready_hold_s"] == "2"
 
 

@@ -355,7 +355,7 @@ def test_version(capsys):
         version = yaml.safe_load(fh)["version"]
     from importlib import metadata
     assert out.startswith("dflash-trainer %s (collection dflash.trainer %s at " % (metadata.version("dflash-trainer"),
-                                                                                 version)), out
+                                                                                   version)), out
 
 
 def test_verbose_reaches_ansible_and_prints_its_output(monkeypatch, capsys):

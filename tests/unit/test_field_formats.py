@@ -68,9 +68,9 @@ def tqdm_bar(n, total, desc="", rate="5.00it/s", postfix=""):
     """tqdm's default bar_format '{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]'"""
     pct = n * 100 // total
     filled = pct // 10
-    bar = "\u2588" * filled + " " * (10 - filled)
+    blocks = "\u2588" * filled + " " * (10 - filled)
     l_bar = ("%s: " % desc if desc else "") + "%3d%%|" % pct
-    return "%s%s| %d/%d [00:%02d<00:10, %s%s]" % (l_bar, bar, n, total, n % 60, rate, postfix)
+    return "%s%s| %d/%d [00:%02d<00:10, %s%s]" % (l_bar, blocks, n, total, n % 60, rate, postfix)
 
 
 def hf_loading(k, total=5):
@@ -104,7 +104,7 @@ def deepspeed_timer(step):
     return ("[2026-12-01 10:00:00,124] [INFO] [timer.py:260:stop] "
             + "epoch={}/micro_step={}/global_step={}, RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}, "
               "MemAllocated={}GB, MaxMemAllocated={}GB".format(0, 4 * step, step, 25.025771473496132,
-                                                              25.704280480541442, 4.32, 38.49))
+                                                               25.704280480541442, 4.32, 38.49))
 
 
 def nanogpt_iter(n):
@@ -186,13 +186,13 @@ LOADING = "".join("\r" + hf_loading(k) for k in range(0, 6)) + "\n"   # tqdm on 
 FORMATS = {
     # name: (lines after the loading bar, as a function of i = 1, 2, ...; tok/s; words of the counter)
     "hf-style steps": (lambda i: "step %d | loss 2.31 | 12.4K tok/s" % (1199 + i), 12400.0, ("step",)),
-    "torchtitan": (lambda i: titan_step(i), 12345.0, ("step",)),
-    "megatron": (lambda i: megatron(i), None, ("iteration",)),
+    "torchtitan": (titan_step, 12345.0, ("step",)),
+    "megatron": (megatron, None, ("iteration",)),
     "hf trainer": (lambda i: "\r" + hf_train_bar(i) + ("\n" + hf_logs(i / 100.0) if i % 3 == 0 else ""), None, ()),
     "lightning": (lambda i: "\r" + lightning(i), None, ("epoch",)),
     "deepspeed": (lambda i: deepspeed_step(i) + "\n" + deepspeed_timer(i), None, ("step",)),
     "nanogpt": (lambda i: (nanogpt_eval(0) + "\n" if i == 1 else "") + nanogpt_iter(i - 1), None, ("iter",)),
-    "llm.c": (lambda i: llmc(i), 414921.0, ("step",)),
+    "llm.c": (llmc, 414921.0, ("step",)),
     "torchtune": (lambda i: "\r" + torchtune(i), None, ("loss",)),
 }
 

@@ -187,6 +187,23 @@ def test_the_interpreter_is_started_harmlessly(tmp_path):
     assert interpreter_check(["true"], d, "/usr/bin:/bin") == (None, None)  # not an interpreter we know
 
 
+def test_a_shell_command_string_is_read_as_a_command_not_as_a_file(tmp_path):
+    """sh -c 'COMMAND' (and bash -lc): the check reads the command string (-n -c), it never takes the
+    command for a script file's name (which refused a healthy trainer: 'cannot open echo …')."""
+    d = release(tmp_path)
+    sh = os.path.realpath("/bin/sh")
+    argv, words = interpreter_check(["sh", "-c", "echo step $STEP; exit 1"], d, os.path.dirname(sh) + ":/bin")
+    assert argv[1:] == ["-n", "-c", "echo step $STEP; exit 1"] and "-c command" in words
+    argv, _words = interpreter_check(["bash", "-lc", "python3 train.py"], d, "/usr/bin:/bin")
+    assert argv is None or argv[1:] == ["-n", "-c", "python3 train.py"]
+    assert interpreter_check(["sh", "-c"], d, "/usr/bin:/bin") == (None, None)
+    # and what the shell does with it: -n reads, runs nothing, accepts good syntax, refuses bad
+    import subprocess
+    good = subprocess.run([sh, "-n", "-c", "echo hi > /nonexistent/x; exit 1"], capture_output=True, check=False)
+    bad = subprocess.run([sh, "-n", "-c", "if then fi (("], capture_output=True, check=False)
+    assert good.returncode == 0 and bad.returncode != 0
+
+
 class FakeShell(object):
     """The unit's environment as the pre-flight sees it: each run recorded, answers scripted."""
 
@@ -267,11 +284,11 @@ def test_the_user_s_preflight_command_runs_in_the_unit_without_gpus(tmp_path):
 def test_the_launcher_s_interpreter_is_started_in_the_new_environment_first(tmp_path):
     launcher = "#!/usr/bin/python3\n# dflash.trainer: the trainer unit's launcher\n"
     assert launcher_check(launcher, "/usr/bin") == (["/usr/bin/python3", "-c", "pass"],
-                                                     "the launcher's /usr/bin/python3 starts")
+                                                    "the launcher's /usr/bin/python3 starts")
     assert launcher_check("#!/bin/sh\n", "/usr/bin") == (None, None) and launcher_check(None, "/bin") == (None, None)
     shell = FakeShell({"PATH": "/usr/bin:/bin"},
                       answers={"pass": (1, "", "Fatal Python error: init_fs_encoding: failed to get the "
-                                                "Python codec\n")})
+                                               "Python codec\n")})
     d = release(tmp_path)
     p = dict(release_dir=d, command=["./run.sh"], environment_json="{}", preflight_command=[], timeout_s=5, unit="t",
              gpus=[], max_mib=1024, gpu_foreign_mib={}, nvidia_smi="nvidia-smi",

@@ -238,7 +238,7 @@ def test_reading_never_changes_the_file(tmp_path):
     path.write_text(log_lines(1, 30))
     before = (digest(path), os.stat(str(path)).st_mtime_ns, os.stat(str(path)).st_size)
     r = reader(path, pf.progress_start(str(path)))
-    for _ in range(3):
+    for _poll in range(3):
         r.poll()
     r.finish()
     assert (digest(path), os.stat(str(path)).st_mtime_ns, os.stat(str(path)).st_size) == before
@@ -547,7 +547,10 @@ def test_an_existing_progress_file_another_user_may_write_is_refused_before_anyt
     (tmp_path / "own").mkdir()
     own = tmp_path / "own" / "train.log"
     own.write_text("")
-    refuse = lambda p, st_, _parent: "the progress file %s is owned by uid %d" % (p, 1000 if st_ else 0)  # noqa: E731
+
+    def refuse(p, st_, _parent):
+        return "the progress file %s is owned by uid %d" % (p, 1000 if st_ else 0)
+
     assert pf.collision(params(tmp_path, progress_path=str(own)), trust=refuse) == (
         "the progress file %s is owned by uid 1000" % own)
     assert pf.collision(params(tmp_path, progress_path=str(tmp_path / "own" / "later.log")), trust=refuse) is None

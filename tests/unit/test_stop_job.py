@@ -46,7 +46,7 @@ def test_what_runs_reads_the_running_unit_and_nothing_of_a_stopped_one():
 
 def test_uptime_in_words():
     assert [fmt_uptime(s) for s in (None, 42, 192, 3725, 180000)] == ["?", "42 s", "3 min 12 s", "1 h 02 min",
-                                                                       "2 d 2 h"]
+                                                                      "2 d 2 h"]
 
 
 def test_stop_words_name_release_pid_uptime_progress_who_when_and_the_boot():

@@ -125,11 +125,13 @@ def test_exec_start_reads_back_what_the_role_writes():
         c.split_exec('"/bin/a')
 
 
-def install(tmp_path, argv=ARGV, env=ENV, launcher=LAUNCHER):
+def install(tmp_path, argv=None, env=None, launcher=None):
+    argv, env = ARGV if argv is None else argv, ENV if env is None else env
+    launcher = LAUNCHER if launcher is None else launcher
     root, unit, env_file = tmp_path / "root", tmp_path / "trainer.service", tmp_path / "trainer.env"
     root.mkdir(exist_ok=True)
     unit.write_text("[Service]\nExecStart=%s\nEnvironmentFile=%s\n" % (systemd_exec_argv(launcher + ["--"] + argv),
-                                                                     env_file))
+                                                                       env_file))
     env_file.write_text(systemd_env_file(env))
     return str(root), str(unit), str(env_file)
 

@@ -27,6 +27,7 @@ def problems(**changes):
     d.update(changes)
     return [str(p) for p in v.check(d, "main")]
 
+
 SECRET = "hf_s3cr3tValueNobodyMaySee"
 LAUNCHER_MATCH_CHARS = "MATCH_CHARS = %d" % v.REGEX_LINE_CHARS
 
