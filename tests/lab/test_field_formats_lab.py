@@ -3,9 +3,13 @@
 the stall window) and then prints HF-style `step N | loss | 12.4K tok/s` lines; a TorchTitan-format
 trainer (ANSI colours on, `tps: 12,345`); a Megatron-LM-format trainer (no tokens per second). Each
 deploy succeeds and the ledger records the release as proved, with tok/s as the trainer wrote it
-(none for Megatron-LM)."""
+(none for Megatron-LM). `dflash-trainer check-log` on each start's captured log reaches the verdict
+the lab reached. A format the defaults cannot read fails within seconds of its first progress-like
+line (not at trainer_ready_timeout_s), naming the variable to set, and check-log says the same of
+its captured log."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -52,6 +56,8 @@ TRAINER = textwrap.dedent(r'''
                          f"{RED}step: {step:2}  {GREEN}loss: {7.809:7.4f}  {ORANGE}grad_norm: {1.2345:7.4f}  "
                          f"{TURQ}memory: {30.12:5.2f}GiB({38.05:.2f}%)  {BLUE}tps: {12345:,}  "
                          f"{CYAN}tflops: {301.22:,.2f}  {MAGENTA}mfu: {30.46:.2f}%{RESET}"), sys.stderr
+        elif FORMAT == "fairseq":  # fairseq's progress bar: "epoch 001: 5 / 1000", wps - the defaults read neither
+            line, out = "| epoch 001:  {:5d} / 1000 loss=2.31, wps=12400, ups=1.2".format(step), sys.stdout
         else:                     # megatron/training/training.py training_log
             line, out = (" [2026-12-01 10:00:00.123456] iteration {:8d}/{:8d} |".format(step, 10000)
                          + " consumed samples: {:12d} |".format(256 * step)
@@ -117,3 +123,55 @@ def test_each_format_is_proved_with_the_default_patterns(lab, inv, fmt, tok_s):
         assert tok["median"] == tok_s and tok["n"] >= 4, tok
     assert "\x1b[" not in res.stdout                               # the proof's words carry no colour codes
     assert seconds < TIMEOUT_S + 120
+    replay = check_log(lab, base, fmt, FAST)
+    assert replay["ok"] and replay["verdict"]["state"] == "ready", replay["verdict"]
+
+
+def captured_log(lab, base, name):
+    """The container's trainer log, as a user captures it (cp trainer_log_path)."""
+    out = base / ("%s.log" % name)
+    out.write_bytes(lab.pct("exec", CT, "--", "cat", "/workspace/trainer.log", text=False, check=True).stdout)
+    return str(out)
+
+
+def check_log(lab, base, name, variables, start=-1):
+    """check-log's verdict (--json) on one start of the captured log (``start``: its index among the
+    log's starts, the last by default), replayed at the stand-in's own cadence (a line every 0.25 s;
+    its Megatron lines carry one fixed time, so no timestamp clock)."""
+    path = captured_log(lab, base, name)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        starts = re.findall(r"^==> dflash\.trainer start invocation=(\S+) ", fh.read(), re.M)
+    res = subprocess.run([sys.executable, "-m", "dflash_trainer", "check-log", path, "--json", "--start", starts[start],
+                          "--clock", "interval", "--line-interval-s", "0.25", "-e", json.dumps(variables)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode in (0, 1), res.stdout[-2000:] + res.stderr[-2000:]
+    return json.loads(res.stdout)
+
+
+def test_an_unreadable_format_fails_within_seconds_naming_the_variable(lab, inv):
+    """fairseq's lines (``epoch 001: 5 / 1000 loss=... wps=...``): nothing the defaults read. With the
+    default windows and timeout (900 s), the early word fails the deploy seconds after the first
+    progress-like line, quoting it and naming trainer_step_regex; check-log says the same."""
+    inv_path, base = inv
+    windows = {"trainer_ready_hold_s": 10, "trainer_ready_stall_s": 5, "trainer_ready_timeout_s": 900}
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    entries = len(ledger(lab))
+    began = time.monotonic()
+    res = subprocess.run(["ansible-playbook", "-i", inv_path, "deploy.yml", "-l", "ff", "-e",
+                          json.dumps(dict(FAST, trainer_src=tree(base, "fairseq"), **windows))],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    seconds = time.monotonic() - began
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-3000:]
+    assert "trainer_step_regex" in out and "epoch 001:" in out, out[-3000:]
+    assert "not ready after 900 s" not in out
+    assert seconds < 90, seconds  # the early word, not the 900 s deadline
+    # the release that failed is on record as such; the last good one (the Megatron-format trainer
+    # above) was put back and proved again
+    new = ledger(lab)[entries:]
+    assert new and new[0]["verdict"] != "proved" and new[-1]["verdict"] == "proved", new
+    assert "Rolled back" in out, out[-3000:]
+    replay = check_log(lab, base, "fairseq", windows, start=-2)  # the failed start (the last is the rollback's)
+    assert not replay["ok"] and replay["verdict"]["state"] == "failed", replay["verdict"]
+    assert "trainer_step_regex" in replay["verdict"]["reason"], replay["verdict"]
