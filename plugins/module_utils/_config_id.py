@@ -33,6 +33,7 @@ import hmac
 import json
 import os
 
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import write_private
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import parse_env_file
 
 ID_LEN = 8
@@ -90,15 +91,7 @@ def ensure_key(root, urandom=os.urandom):
     path = key_path(root)
     tmp = "%s.tmp-%d" % (path, os.getpid())
     try:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(binascii.hexlify(urandom(KEY_BYTES)).decode("ascii") + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_private(tmp, binascii.hexlify(urandom(KEY_BYTES)).decode("ascii") + "\n", sync=True)
         try:
             os.link(tmp, path)  # fails when another job made it first: theirs stands
         except FileExistsError:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 
 
-def replace_private(path, text, tmp=None, sync=False):
-    """Replace ``path`` with ``text`` (str). ``tmp``: the temporary file (default
-    ``<path>.tmp-<pid>``); ``sync``: fsync before the rename (what must survive a power loss)."""
-    tmp = tmp or "%s.tmp-%d" % (path, os.getpid())
+def write_private(tmp, text, sync=False):
+    """Create ``tmp`` anew (a leftover or a planted link removed first; O_EXCL | O_NOFOLLOW, mode
+    0600) holding ``text`` (str); ``sync``: fsync it (what must survive a power loss)."""
     try:
         os.unlink(tmp)
     except FileNotFoundError:
@@ -26,4 +25,11 @@ def replace_private(path, text, tmp=None, sync=False):
         if sync:
             fh.flush()
             os.fsync(fh.fileno())
+
+
+def replace_private(path, text, tmp=None, sync=False):
+    """Replace ``path`` with ``text`` (str). ``tmp``: the temporary file (default
+    ``<path>.tmp-<pid>``); ``sync``: fsync before the rename (what must survive a power loss)."""
+    tmp = tmp or "%s.tmp-%d" % (path, os.getpid())
+    write_private(tmp, text, sync=sync)
     os.replace(tmp, path)

@@ -199,29 +199,37 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
     secrets = sorted(set(read_secrets(p["env_file"])) | set(config.secrets()), key=lambda v: (-len(v), v))
     record = JobRecord(p, pid, secrets)
     record.save()
-    # The job takes the lease over from the play (same token, renewed with the job's id and pid in
-    # one guarded rewrite) and renews it from a thread for as long as it runs - a stop as long as
-    # TimeoutStopSec or a long proof included; before it stops, switches or starts anything it
-    # checks the lease is still its own.
+    def make_job(keeper):
+        steps = make_steps(p, systemctl, nvidia_smi, record.tick)
+        return RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
+                          on_phase=record.on_phase, releases_dir=os.path.join(p["root"], "releases"),
+                          log_path=p["log_path"], source=p["source"] or None,
+                          min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper, config=config,
+                          config_id=lambda: job_config_id(p))
+
+    return run_under_lease(p, record, secrets, pid, "restart job", make_job, release_lock=release_lock)
+
+
+def run_under_lease(p, record, secrets, pid, what, make_job, release_lock=release):
+    """Run a job of the restart job's kind (a restart, a stop) to its outcome: take the lease over
+    from the play (same token, renewed with the job's id and pid in one guarded rewrite) and renew it
+    from a thread for as long as the job runs - a stop as long as TimeoutStopSec or a long proof
+    included; ``make_job(keeper)`` builds the job, whose ``run()`` checks the lease is still its own
+    before it stops, switches or starts anything. Then free the lock and record the outcome -> the
+    result (secrets masked: log tails and failure reasons, a trainer may print a token). Never raises
+    for a failed step or a crash: there is always an outcome and a free lock."""
     keeper = record.keeper = LeaseKeeper(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"], job_pid=pid)
     try:
         with keeper:
-            steps = make_steps(p, systemctl, nvidia_smi, record.tick)
-            job = RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
-                             on_phase=record.on_phase, releases_dir=os.path.join(p["root"], "releases"),
-                             log_path=p["log_path"], source=p["source"] or None,
-                             min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper, config=config,
-                             config_id=lambda: job_config_id(p))
-            result = job.run()
+            result = make_job(keeper).run()
     except StepFailed as exc:  # before the cycle (a bad regex): nothing was stopped
         result = JobResult(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg).to_dict()
     except Exception as exc:  # pylint: disable=broad-exception-caught  # always an outcome and a free lock
-        result = JobResult(ok=False, msg="restart job crashed: %r" % (exc,),
-                           outcome="restart job crashed: %r" % (exc,)).to_dict()
+        result = JobResult(ok=False, msg="%s crashed: %r" % (what, exc), outcome="%s crashed: %r" % (what, exc)).to_dict()
     finally:
         if p["lock_path"] and not keeper.lost:
             release_lock(p["lock_path"], p["lock_token"])
-    result = mask(result, secrets)  # log tails and failure reasons: a trainer may print a token
+    result = mask(result, secrets)
     record.finish(result)
     return result
 

@@ -26,10 +26,10 @@ import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, call, show
 from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, LeaseLost, release
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import JobRecord, Steps
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost, release
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import JobRecord, Steps, run_under_lease
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._status import (
     STOP_KIND,
     fmt_uptime,
@@ -196,25 +196,13 @@ def run_stop(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lock=
     record = JobRecord(p, pid, secrets)
     record.state.update(kind=STOP_KIND, reasons=p.get("reasons") or ["stop requested"])
     record.save()
-    keeper = record.keeper = LeaseKeeper(p["lock_path"], p["lock_token"], p["lock_lease_s"], job=p["job_id"],
-                                         job_pid=pid)
     run = Runner(60)
-    try:
-        with keeper:
-            steps = make_steps(p, systemctl, nvidia_smi, record.tick)
-            job = StopJob(steps, lambda: look_fn(p, systemctl), p["unit"], owner=p["owner"],
-                          disable=(lambda: disable_unit(run, systemctl, p["unit"])) if p.get("disable") else None,
-                          enabled=lambda: unit_file_state(run, systemctl, p["unit"]), lease=keeper,
-                          on_phase=record.on_phase)
-            result = job.run()
-    except StepFailed as exc:  # before the stop (a bad regex in Steps): nothing was stopped
-        result = JobResult(ok=False, msg=exc.msg, outcome="nothing was stopped: " + exc.msg).to_dict()
-    except Exception as exc:  # pylint: disable=broad-exception-caught  # always an outcome and a free lock
-        result = JobResult(ok=False, msg="stop job crashed: %r" % (exc,),
-                           outcome="stop job crashed: %r" % (exc,)).to_dict()
-    finally:
-        if p["lock_path"] and not keeper.lost:
-            release_lock(p["lock_path"], p["lock_token"])
-    result = mask(result, secrets)
-    record.finish(result)
-    return result
+
+    def make_job(keeper):
+        steps = make_steps(p, systemctl, nvidia_smi, record.tick)
+        return StopJob(steps, lambda: look_fn(p, systemctl), p["unit"], owner=p["owner"],
+                       disable=(lambda: disable_unit(run, systemctl, p["unit"])) if p.get("disable") else None,
+                       enabled=lambda: unit_file_state(run, systemctl, p["unit"]), lease=keeper,
+                       on_phase=record.on_phase)
+
+    return run_under_lease(p, record, secrets, pid, "stop job", make_job, release_lock=release_lock)
