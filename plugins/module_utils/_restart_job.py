@@ -26,17 +26,6 @@ import time
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
 from ansible_collections.dflash.trainer.plugins.module_utils._install import config_words
 from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
-# the job's state file has one owner, _job_state; these names stay importable from here for the
-# job's steps (_restart_steps) until they import them from there
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import (  # pylint: disable=unused-import
-    STATE_VERSION,
-    job_alive,
-    observe_job,
-    outcome_words,
-    pid_start,
-    read_state,
-    write_state,
-)
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, compare, entry, gate
 

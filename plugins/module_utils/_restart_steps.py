@@ -40,6 +40,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     install_all,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import outcome_words, pid_start, write_state
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, play_lease, release
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import run_preflight
@@ -51,12 +52,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_root impor
     switch_current,
     write_last_good,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import (
-    RestartJob,
-    outcome_words,
-    pid_start,
-    write_state,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import cut, mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words

@@ -6,13 +6,8 @@ import stat
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, purge
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import (
-    RestartJob,
-    job_alive,
-    outcome_words,
-    read_state,
-    write_state,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, outcome_words, read_state, write_state
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
 
 
 class FakeSteps(object):

@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps as rs
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import START_TIMEOUT_S, STOP_MARGIN_S, StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import observe_job, outcome_words, read_state, write_state
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import observe_job, outcome_words, read_state, write_state
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
