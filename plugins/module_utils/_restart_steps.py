@@ -195,6 +195,7 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
     secrets = sorted(set(read_secrets(p["env_file"])) | set(config.secrets()), key=lambda v: (-len(v), v))
     record = JobRecord(p, pid, secrets)
     record.save()
+
     def make_job(keeper):
         steps = make_steps(p, systemctl, nvidia_smi, record.tick)
         return RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
