@@ -256,7 +256,7 @@ class Bench(object):
             check = {
                 "changed": totals.get("changed"),
                 # the first read judged it (trainer_status no_op) and the role ended there
-                "no_op_read": any(x["result"].get("no_op") for x in bl.ran(rows, "dflash.trainer.trainer_status")),
+                "no_op_read": any((x["result"].get("plan") or {}).get("no_op") for x in bl.ran(rows, "dflash.trainer.trainer_begin")),
                 "reported_untouched": bool(untouched) and not any(x["result"].get("skipped") for x in untouched),
                 "same_main_pid": before.get("MainPID") == after.get("MainPID") != "0",
                 "same_invocation": before.get("InvocationID") == after.get("InvocationID"),

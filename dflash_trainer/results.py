@@ -12,24 +12,27 @@ Where each field comes from (per host):
 - failed_task / reason: the last unrescued `runner_on_failed` / `runner_on_unreachable` of the
   host (its task name and result `msg`); None when the host is ok.
 - changed: any task result with `changed: true`, or a non-zero `changed` count in the recap.
-- release / previous_release: the last `dflash.trainer.trainer_release` result that could switch
-  `current` (state present or rollback); failing that, the `current` of the last one.
-- rolled_back: a trainer_release with state rollback that switched `current`.
+- release / previous_release: the release the restart job switched `current` to and the one it pointed at
+  before (the job's `release` / `previous`), else the last `dflash.trainer.trainer_release` upload
+  (state present); failing that, the `current` of the last one.
+- rolled_back: the job rolled back, or a rollback entry point's job switched `current` (the plan's entry,
+  `trainer_begin`'s `plan`).
 - restarted: a `dflash.trainer.trainer_start` ran ok and started the unit.
 - proof: `proof` of the last successful `dflash.trainer.trainer_ready`, or of the restart job
   (`dflash.trainer.trainer_restart`, whose finished result carries proof, rolled_back, log_tail;
   read as `RestartJobResult`, whose fields are keys the job's result declares).
 - log_tail: `log_tail` of the last failed trainer_ready.
-- status: the last `dflash.trainer.trainer_status` result (for a deploy that restarted, the
-  read right after the stop; run `status()` for the state afterwards).
+- status: the last `dflash.trainer.trainer_status` or `trainer_begin` (the first read) result (for a
+  deploy that restarted, the read before the restart; run `status()` for the state afterwards).
 - log: `log` of the last trainer_status result that read the log (playbooks/logs.yml).
 - diffs: every task result's `diff` (diff mode: `--diff`), in order, each with its task's name.
 - unreachable: the host's last unrescued failure was `runner_on_unreachable`, or the recap counts it
   `dark`.
 - refused: the host's first failure was a check that runs before any change: the input checks
   (`dflash.trainer.trainer_validate`, `validate_argument_spec`, an `assert`), the deploy lock not taken
-  (`trainer_status` returned `lock_refused`), or the restart job not started (`trainer_restart`
-  returned `not_started`: a refused pre-flight, a failed install, another restart running).
+  or a plan refused (`trainer_begin` returned `lock_refused` or `plan.refused`), or the restart job not
+  started (`trainer_restart` returned `not_started`: a refused pre-flight, a failed install, another
+  restart running - reported by the role's fail task after it).
 - source / reasons / outcome / failed_phase: the source's description (`trainer_validate`'s `source`:
   "git 4f1c2d9 dirty"), why the trainer was restarted (`trainer_restart`'s `reasons`), the job's
   `outcome` words and `failed_phase`.
@@ -253,6 +256,8 @@ class RestartJobResult:
     declared type (Proof for a dict that is a proof), and tests/unit/test_job_result.py holds them to
     the declaration."""
     release: Optional[str] = None
+    previous: Optional[str] = None
+    switched: bool = False
     restarted: bool = False
     rolled_back: bool = False
     rollback_release: Optional[str] = None
@@ -270,7 +275,8 @@ class RestartJobResult:
     def from_result(cls, job: Any) -> "RestartJobResult":
         """From the module result's `result` dict (anything else reads as an empty one)."""
         job = _mapping(job)
-        return cls(release=_str(job.get("release")), restarted=bool(_bool(job.get("restarted"))),
+        return cls(release=_str(job.get("release")), previous=_str(job.get("previous")),
+                   switched=bool(_bool(job.get("switched"))), restarted=bool(_bool(job.get("restarted"))),
                    rolled_back=bool(_bool(job.get("rolled_back"))), rollback_release=_str(job.get("rollback_release")),
                    restored=bool(_bool(job.get("restored"))), proof=Proof.from_result(job.get("proof")),
                    rollback_proof=Proof.from_result(job.get("rollback_proof")),
@@ -504,7 +510,7 @@ def _release_state(res: Mapping, event_data: Mapping) -> Optional[str]:
     # the documented RETURN keys tell the states apart
     if "transferred" in res or "needs_archive" in res:
         return "present"
-    if "switched" in res:
+    if "switched" in res:  # events of a collection before the job switched current
         return "rollback"
     if "previous" in res:
         return "mark_good"
@@ -530,7 +536,9 @@ def _is_refusal(action: str, res: Mapping) -> bool:
     """A failed result of a check that runs before any change (see the module's docstring)."""
     if _is(action, "trainer_validate") or action in _CHECKS:
         return True
-    if _is(action, "trainer_status") and _bool(res.get("lock_refused")):
+    if _is(action, "trainer_begin") and (_bool(res.get("lock_refused")) or _mapping(res.get("plan")).get("refused")):
+        return True
+    if _is(action, "trainer_status") and _bool(res.get("lock_refused")):  # events of a collection before trainer_begin
         return True
     return _is(action, "trainer_restart") and bool(_bool(res.get("not_started")) or _bool(res.get("preflight_refused")))
 
@@ -561,6 +569,8 @@ class _HostState:
         self.current_fallback: Optional[str] = None
         # the deploy's release was current already (no trainer_release ran): previous is the same release
         self.unswitched = False
+        self.entry: Optional[str] = None  # the plan's entry point (trainer_begin)
+        self.not_started = False  # the call that starts the restart job said nothing was started
 
     def observe(self, kind: str, is_item: bool, event_data: Mapping, res: Mapping) -> None:
         r = self.result
@@ -571,7 +581,9 @@ class _HostState:
             self.last_failure = (task, _failure_msg(res))
             self.last_failure_kind = kind
             if self.first_failure_refused is None:
-                self.first_failure_refused = kind == "failed" and _is_refusal(_action(event_data), res)
+                # the role reports a job that never started with a fail task (nothing was stopped)
+                self.first_failure_refused = kind == "failed" and (_is_refusal(_action(event_data), res) or (
+                    self.not_started and _action(event_data) in ("ansible.builtin.fail", "fail")))
         if kind not in ("ok", "failed"):
             return
         # a loop's aggregate result repeats its items (seen as runner_item_on_* events)
@@ -604,6 +616,11 @@ class _HostState:
             r.failed_phase = job.failed_phase or r.failed_phase
             if job.restored and job.rollback_proof is not None:
                 r.proof = job.rollback_proof
+            if job.switched and job.release:  # the job switched current to the plan's release
+                r.release, r.previous_release = job.release, job.previous
+                self.release_from_switch = True
+                if self.entry == "rollback":
+                    r.rolled_back = True
             if job.rolled_back:
                 r.rolled_back = True
                 r.release = job.rollback_release or r.release
@@ -611,16 +628,22 @@ class _HostState:
                 self.release_from_switch = True
                 if job.rollback_proof is not None:
                     r.proof = job.rollback_proof
+        elif _is(action, "trainer_restart") and kind == "ok" and _bool(res.get("not_started")):
+            self.not_started = True
         elif _is(action, "trainer_restart") and kind == "ok" and isinstance(res.get("reasons"), list):
             # the call that started the job: why the trainer restarts
             r.reasons = [_str(x) or "" for x in res["reasons"]]
         elif _is(action, "trainer_validate") and kind == "ok" and res.get("source") is not None:
             r.source = _str(res.get("source"))  # "": trainer_src is not a git checkout
-        elif _is(action, "trainer_status") and kind == "ok":
+        elif (_is(action, "trainer_status") or _is(action, "trainer_begin")) and kind == "ok":
             r.status = TrainerStatus.from_result(res)
-            # a deploy that changed nothing (no_op), or whose release was already current, runs no
-            # trainer_release: the release is the one current points at
-            if _bool(res.get("no_op")) or _bool(res.get("release_current")):
+            plan = _mapping(res.get("plan"))
+            self.entry = _str(plan.get("entry")) or self.entry
+            # a deploy that changed nothing (no_op), or whose release was already current, uploads nothing:
+            # the release is the one current points at
+            # (events of a collection before trainer_begin: trainer_status's no_op / release_current)
+            if (plan.get("entry") == "deploy" and (_bool(plan.get("no_op")) or not _bool(plan.get("upload")))
+                    or _bool(res.get("no_op")) or _bool(res.get("release_current"))):
                 self.current_fallback = self.current_fallback or _str(res.get("current_release"))
                 self.unswitched = True
             if isinstance(res.get("log"), Mapping):
@@ -630,6 +653,8 @@ class _HostState:
                 r.restarted = True
         elif _is(action, "trainer_release") and kind == "ok":
             state = _release_state(res, event_data)
+            # present: uploaded (the restart job switches current to it); rollback: events of a collection
+            # before the job switched current
             if state in ("present", "rollback"):
                 r.release = _str(res.get("release"))
                 r.previous_release = _str(res.get("previous"))

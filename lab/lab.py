@@ -34,6 +34,7 @@ What `up` builds (all real parts, only the GPU is simulated):
     python3 lab/lab.py delay SECONDS [--ids ...]  # pct start-up cost per call (0: none, the default)
     python3 lab/lab.py node-gpus [--ids 231 232]  # containers whose GPUs are the node's (lab/node.py)
     python3 lab/lab.py torch --ids 300           # real PyTorch (CPU) in a container (issue 15 item 4)
+    python3 lab/lab.py group --name g1 --ids 330 331 [--fresh]  # containers sharing /mnt/dflash-rdzv
 """
 import argparse
 import glob
@@ -805,6 +806,72 @@ def torch_up(ids):
         ", ".join("%s %.1f s" % kv for kv in install_s.items())))
 
 
+# -- trainer groups: one rendezvous directory shared by several containers (they have no network) --
+RDZV_DIR = os.path.join(STATE_DIR, "rdzv")  # RDZV_DIR/<name> on the host
+RDZV_MOUNT = "mnt/dflash-rdzv"  # in each container of the group (lxc.mount.entry's form)
+RDZV_MARK = ".dflash-lab-group"  # holds the group's name: a container sees its group's directory
+GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def rdzv_line(name):
+    return "lxc.mount.entry = %s %s none bind,rw,create=dir 0 0\n" % (os.path.join(RDZV_DIR, name), RDZV_MOUNT)
+
+
+def with_rdzv_line(text, line):
+    """Extra config text with ``line`` as its one rendezvous mount (a container is in one group at a
+    time: an earlier group's line goes), every other line (torch's mount) kept in place."""
+    kept = [x for x in text.splitlines(True)
+            if not (x.startswith("lxc.mount.entry") and (" %s " % RDZV_MOUNT) in x)]
+    if kept and not kept[-1].endswith("\n"):
+        kept[-1] += "\n"
+    return "".join(kept) + line
+
+
+def group_up(name, ids, fresh=False):
+    """`lab.py group`: containers ids up, each with RDZV_DIR/<name> (0700, the containers' root)
+    bind-mounted read-write at /RDZV_MOUNT; fresh: fresh containers and an empty directory."""
+    if not GROUP_NAME.match(name):
+        raise SystemExit("lab: invalid group name %r: letters, digits, '_', '.', '-' (64 at most)" % name)
+    kinds = {vmid: container_kind(vmid) for vmid in ids}
+    unpriv = sorted(v for v, k in kinds.items() if k == "unprivileged")
+    if unpriv and len(unpriv) != len(ids):
+        raise SystemExit("lab: group %s mixes unprivileged containers (%s) with privileged ones: their roots "
+                         "are different owners of one directory" % (name, " ".join(unpriv)))
+    root_id = IDMAP_BASE if unpriv else 0
+    path = os.path.join(RDZV_DIR, name)
+    os.makedirs(RDZV_DIR, mode=0o755, exist_ok=True)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chown(path, root_id, root_id)
+    os.chmod(path, 0o700)
+    if fresh:
+        for entry in os.listdir(path):
+            full = os.path.join(path, entry)
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            else:
+                os.unlink(full)
+    write_text(os.path.join(path, RDZV_MARK), name + "\n")
+    line = rdzv_line(name)
+    for vmid in ids:
+        os.makedirs(os.path.join(STATE_DIR, "ct", vmid), exist_ok=True)
+        have = extra_config(vmid)
+        want = with_rdzv_line(have, line)
+        if want != have:
+            write_text(extra_config_path(vmid), want)
+    up(ids, fresh=fresh)
+    mark = "/%s/%s" % (RDZV_MOUNT, RDZV_MARK)
+    for vmid in ids:  # a container that ran before its line was added needs a restart to mount it
+        if attach(vmid, "cat", mark).stdout.strip() != name:
+            log("container %s: restarting it with %s mounted" % (vmid, "/" + RDZV_MOUNT))
+            run(["lxc-stop", "-n", vmid, "-t", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            run(["lxc-start", "-n", vmid, "-d"])
+            wait_booted(vmid)
+            if attach(vmid, "cat", mark).stdout.strip() != name:
+                raise SystemExit("lab: container %s does not see group %s at /%s after its restart"
+                                 % (vmid, name, RDZV_MOUNT))
+    log("group %s: containers %s share %s at /%s" % (name, " ".join(ids), path, RDZV_MOUNT))
+
+
 def status():
     for vmid in lab_ids():
         print("%s %s %s" % (vmid, "running" if lxc_running(vmid) else "stopped", container_kind(vmid)))
@@ -843,10 +910,15 @@ def main(argv=None):
                                      "bind-mounted read-only at /%s, and a C++ compiler, the Python headers and "
                                      "openssl from .debs fetched on the host" % TORCH_MOUNT)
     t.add_argument("--ids", nargs="+", required=True)
+    gr = sub.add_parser("group", help="a trainer group: these containers share one rendezvous directory, %s/NAME "
+                                      "bind-mounted read-write at /%s, and are brought up" % (RDZV_DIR, RDZV_MOUNT))
+    gr.add_argument("--name", required=True)
+    gr.add_argument("--ids", nargs="+", required=True)
+    gr.add_argument("--fresh", action="store_true", help="fresh containers (as up --fresh) and an empty directory")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("lab: must run as root (LXC containers, /usr/sbin/pct, sshd)")
-    if args.cmd in ("up", "down", "allow", "delay", "node-gpus", "torch") and args.ids:
+    if args.cmd in ("up", "down", "allow", "delay", "node-gpus", "torch", "group") and args.ids:
         bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
@@ -858,6 +930,8 @@ def main(argv=None):
         allow(args.ids, args.remove, args.privileged)
     elif args.cmd == "torch":
         torch_up(args.ids)
+    elif args.cmd == "group":
+        group_up(args.name, args.ids, args.fresh)
     elif args.cmd == "node-gpus":
         node.set_tenants(args.ids)
     elif args.cmd == "delay":

@@ -140,8 +140,8 @@ class ActionModule(ActionBase):
                 sent = delta_counts(scan, have)
                 previous = first.get("previous")
                 self._finish(result, first, tree)
-                result.update(changed=True, transferred=True, switched=previous != scan.release_id,
-                              current=scan.release_id, delta=base is not None, base=base,
+                result.update(changed=True, transferred=True,
+                              current=previous, delta=base is not None, base=base,
                               sent_files=sent[0], reused_files=sent[1])
                 if diff is not None:
                     result["diff"] = diff

@@ -40,7 +40,7 @@ def describe_source(src):
 
 
 # inventory variables the checks read besides trainer_*
-_HOST_VARS = ("proxmox_vmid", "ansible_connection")
+_HOST_VARS = ("proxmox_vmid", "ansible_connection", "inventory_hostname", "groups")
 
 
 class ActionModule(ActionBase):

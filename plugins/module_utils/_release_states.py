@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The states of trainer_release (present, rollback, mark_good, query) as functions of the
+"""The states of trainer_release (present, mark_good, query) as functions of the
 module's parameters: ``run(params, check_mode, diff)`` is all of the module's behaviour, callable
 without Ansible. Each returns the module's result or raises ReleaseModuleError.
 """
@@ -39,7 +39,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_root impor
     releases_dir,
     remove_path,
     stale_entries,
-    switch_current,
     validate_id,
     write_last_good,
 )
@@ -66,7 +65,7 @@ def _present(params, check_mode):
 
     previous = read_current(root)
     complete = is_complete(root, rid)
-    result = dict(changed=False, release=rid, previous=previous, switched=False,
+    result = dict(changed=False, release=rid, previous=previous,
                   transferred=False, needs_archive=False, pruned=[], cleaned=[],
                   last_good=read_last_good(root))
 
@@ -92,12 +91,11 @@ def _present(params, check_mode):
         if not complete:
             releases[rid] = time.time()
         result["transferred"] = not complete
-        result["switched"] = previous != rid
         result["cleaned"] = stale_entries(root)
         result["pruned"] = plan_prune(releases, rid, result["last_good"], keep, also=(previous,))
         result["releases"] = [r for r in order_newest_first(releases) if r not in result["pruned"]]
-        result["current"] = rid
-        result["changed"] = bool(result["transferred"] or result["switched"] or result["pruned"]
+        result["current"] = previous
+        result["changed"] = bool(result["transferred"] or result["pruned"]
                                  or result["cleaned"])
         return result
 
@@ -114,9 +112,6 @@ def _present(params, check_mode):
             if base is not None:
                 result["base"] = base
             result["transferred"] = True
-        if previous != rid:
-            switch_current(root, rid)
-            result["switched"] = True
         last_good = read_last_good(root)
         for old in plan_prune(list_releases(root), rid, last_good, keep, also=(previous,)):
             delete_release(root, old)
@@ -124,38 +119,7 @@ def _present(params, check_mode):
         result["last_good"] = last_good
         result["current"] = read_current(root)
         result["releases"] = order_newest_first(list_releases(root))
-    result["changed"] = bool(result["transferred"] or result["switched"] or result["pruned"]
-                             or result["cleaned"])
-    return result
-
-
-def _rollback(params, check_mode):
-    root = params["root"]
-    last_good = read_last_good(root)
-    if params.get("release"):
-        rid = validate_id(params["release"])
-        if not is_complete(root, rid):
-            raise ReleaseModuleError("Unable to roll back to release %s: it is not a complete release "
-                                     "under %s" % (rid, releases_dir(root)))
-    else:
-        if last_good is None:
-            raise ReleaseModuleError("no last good release recorded under %s; nothing to roll back to"
-                                     % root)
-        rid = last_good
-        if not _ID_RE.match(rid) or not is_complete(root, rid):
-            raise ReleaseModuleError("last good release %s recorded under %s is not a complete release "
-                                     "(missing %s); nothing to roll back to"
-                                     % (rid, root, os.path.join(release_path(root, rid), MARKER_NAME)))
-    previous = read_current(root)
-    switched = previous != rid
-    diff = switch_diff(root, previous, rid) if params.get("_diff") and switched else None
-    if switched and not check_mode:
-        with _Lock(root):
-            switch_current(root, rid)
-    result = dict(changed=switched, release=rid, previous=previous, switched=switched,
-                  current=rid, last_good=last_good, releases=order_newest_first(list_releases(root)))
-    if diff is not None:
-        result["diff"] = diff
+    result["changed"] = bool(result["transferred"] or result["pruned"] or result["cleaned"])
     return result
 
 
@@ -193,7 +157,7 @@ def _query(params, check_mode):
     return result
 
 
-STATES = {"present": _present, "rollback": _rollback, "mark_good": _mark_good, "query": _query}
+STATES = {"present": _present, "mark_good": _mark_good, "query": _query}
 
 
 def _with_inline_archive(params, check_mode):

@@ -8,7 +8,7 @@ ssh link or a killed ansible-playbook makes Ansible skip ``rescue`` and ``always
 strand a stopped trainer and a held lock. So the role starts this job (``trainer_restart``
 state=start, detached in the container: a new session, no standard streams) and only watches it. The job
 
-  stop -> drain -> purge -> start -> prove -> mark good
+  switch current to the release -> stop -> drain -> purge -> start -> prove -> mark good
   on failure: current back to the last good release -> stop -> drain -> purge -> start -> prove
   (no good release to go back to: stop the failed trainer)
 
@@ -44,7 +44,11 @@ class RestartJob(object):
 
     def __init__(self, steps, layout, rollback=True, purge=True, on_phase=None, clock=time.time,
                  releases_dir="the releases directory", log_path=None, source=None, min_tokps_ratio=None,
-                 lease=None, config=None, config_id=None):
+                 lease=None, config=None, config_id=None, release=None, mark_good=True):
+        # False: a member of a trainer group - proved here, marked good by the play once every member is
+        self.marks_good = mark_good
+        # the release to run: current is switched to it (under the lease, before the stop); None - current's
+        self.target = release
         self.lease = lease  # .check() raises LeaseLost once the deploy lock is not ours
         # the configuration id of what a start runs (_config_id: a keyed hash of the installed command and
         # environment, for the ledger): a callable read at each start, or a str; None - unknown
@@ -137,9 +141,20 @@ class RestartJob(object):
                              failed_phase=self.phases[-2] if len(self.phases) > 1 else None,
                              outcome="%s. %s" % (msg, self.steps.unit_state())).to_dict()
 
+    def _switch(self):
+        """Point current at the release to run (before anything is stopped) -> (release, previous)."""
+        previous = self.layout.current()
+        release = self.target or previous
+        if release != previous:
+            self._ours()
+            self.phase("switching", release=release, previous=previous)
+            self._step("switching current to %s" % release, self.layout.switch, release)
+        return release, previous
+
     def _run(self):
-        release = self.layout.current()
-        result = JobResult(release=release, restarted=False, rolled_back=False, proof=None)
+        release, previous = self._switch()  # a failure here changed nothing: the job ends with the old trainer running
+        result = JobResult(release=release, previous=previous, switched=release != previous, restarted=False,
+                           rolled_back=False, proof=None)
         ledger = self.layout.ledger()
         # what the release was built from: the controller's git description, else what an earlier
         # job recorded for it, else its id (a content hash)
@@ -156,12 +171,14 @@ class RestartJob(object):
                 self.phase("gated")
                 raise StepFailed(refusal)
             try:
-                self.layout.mark_good(release)
+                if self.marks_good:
+                    self.layout.mark_good(release)
             except Exception as exc:  # the trainer is proved: a bookkeeping error is said, not rolled back
                 self.warnings.append("could not record %s as last good: %s" % (release, _words(exc)))
                 result["warnings"] = list(self.warnings)
             else:
-                self._keep_config(release)
+                if self.marks_good:
+                    self._keep_config(release)
                 if self.warnings:
                     result["warnings"] = list(self.warnings)
             self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock(), config=config_id)])

@@ -202,7 +202,8 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
                           on_phase=record.on_phase, releases_dir=os.path.join(p["root"], "releases"),
                           log_path=p["log_path"], source=p["source"] or None,
                           min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper, config=config,
-                          config_id=lambda: job_config_id(p))
+                          config_id=lambda: job_config_id(p), release=p.get("release") or None,
+                          mark_good=p.get("mark_good", True))
 
     return run_under_lease(p, record, secrets, pid, "restart job", make_job, release_lock=release_lock)
 
@@ -224,14 +225,16 @@ def run_under_lease(p, record, secrets, pid, what, make_job, release_lock=releas
     except Exception as exc:  # pylint: disable=broad-exception-caught  # always an outcome and a free lock
         result = JobResult(ok=False, msg="%s crashed: %r" % (what, exc), outcome="%s crashed: %r" % (what, exc)).to_dict()
     finally:
-        if p["lock_path"] and not keeper.lost:
+        # keep_lock: a trainer group's member - the job only stops renewing, so the lock stays the play's (same token)
+        # for the rest of its lease: the play takes it back to decide for every member at once
+        if p["lock_path"] and not keeper.lost and not p.get("keep_lock"):
             release_lock(p["lock_path"], p["lock_token"])
     result = mask(result, secrets)
     record.finish(result)
     return result
 
 
-def before_start(p, get_bin_path, run, systemctl):
+def before_start(p, get_bin_path, run, systemctl, install=True):
     """What the start call does before it starts the job, in this order: the pre-flight of
     ``p["preflight"]`` (while the old trainer runs; its environment: ``p["environment_json"]``) and
     the install of ``p["install"]`` (the launcher, environment file ``p["env_content"]`` and unit), the play's lease renewed meanwhile (a pre-flight may outlast
@@ -252,7 +255,7 @@ def before_start(p, get_bin_path, run, systemctl):
                         launcher_path=inst.get("launcher_path") or p.get("launcher_path"))
             fields["preflight"] = run_preflight(dict(p["preflight"], environment_json=p.get("environment_json") or "{}",
                                                      unit_files=unit), get_bin_path)
-        if p.get("install"):
+        if p.get("install") and install:  # (install False: a trainer group's pre-flight phase)
             fields["install"] = install_all(dict(p["install"], env_content=p.get("env_content") or ""), run, systemctl)
     p["reasons"] = list(p["reasons"]) + [r for r in change_reasons(fields.get("install")) if r not in p["reasons"]]
     return fields

@@ -22,7 +22,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._log_file import re
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import memory_by_index
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, PROGRAM, observe, problems
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_reasons import restart_reasons
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     exit_description,
     int_prop,
@@ -49,7 +48,7 @@ LOG_NEEDS_PATH = "log_lines and log_offset read the log: log_path is required"
 
 def wants_log(params):
     """Whether the call asks for a start's log in RV(log) (O(log_lines) > 0 or O(log_offset))."""
-    return params["log_lines"] > 0 or params["log_offset"] is not None
+    return params.get("log_lines", 0) > 0 or params.get("log_offset") is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,23 +104,6 @@ def lock_taken(out, attached=None):
     if out.action == STALE:
         taken["previous_owner"] = out.owner()
     return taken
-
-
-def no_op_reasons(status, release, force=False, install=None):
-    """Why the deploy of ``release`` (its id, computed on the controller) must go on, judged on the
-    first read (``status``: the fields read so far, releases and health included) -> [reason, ...];
-    empty: it changes nothing - the release is ``current``, runs, is proved and healthy, nothing is
-    forced and the install (``install``: install_all's result in check mode) would write nothing -
-    and the read ends the deploy (the lock released in the same call)."""
-    if not release:
-        return ["no release id to compare"]
-    current = status.get("current_release")
-    reasons = restart_reasons(status, release, switched=current != release, install=install, force=force)
-    install = install or {}
-    # the install must still run (and say why it refuses, or enable the unit), though no restart is due
-    if not reasons and (install.get("refused") or install.get("enabled_changed")):
-        reasons = ["install: %s" % (install.get("refused") or "unit enablement changes")]
-    return reasons
 
 
 def job_over(job_id):

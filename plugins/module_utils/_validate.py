@@ -918,6 +918,29 @@ def _progress_problems(v):
     return []
 
 
+def group_problems(v, entry):
+    """A trainer group (``trainer_group``: an inventory group whose hosts run one distributed job) is
+    deployed whole, by the deploy entry point; one member is never restarted, started, stopped or
+    rolled back alone."""
+    name = v.get("trainer_group")
+    if not name:
+        return []
+    accepted = "the name of an inventory group that holds this host (or empty: not a group)"
+    if not isinstance(name, str):
+        return [Problem("trainer_group", "is not a group name", accepted, name)]
+    members = (v.get("groups") or {}).get(name)
+    if members is None:
+        return [Problem("trainer_group", "names no inventory group", accepted, name)]
+    if v.get("inventory_hostname") not in members:
+        return [Problem("trainer_group", "names an inventory group this host is not in", accepted, name)]
+    if entry != "main":
+        return [Problem("trainer_group", "makes this host a member of trainer group %s (%s), whose job restarts only "
+                        "as one: a %s of one member is refused" % (name, ", ".join(members), entry),
+                        "deploy the whole group: deploy.yml -l %s (-e trainer_force_restart=true to restart it)" % name,
+                        name)]
+    return []
+
+
 def check(v, entry="main"):
     """Every Problem with the variables ``v`` (the play's vars) for entry point ``entry``."""
     if entry not in ENTRIES:
@@ -950,6 +973,7 @@ def check(v, entry="main"):
     problems.extend(_metrics_problems(v))
     problems.extend(_progress_problems(v))
     problems.extend(host_view_problems(v))
+    problems.extend(group_problems(v, entry))
     if entry == "rollback" and v.get("trainer_rollback_release"):
         rid = v["trainer_rollback_release"]
         if not isinstance(rid, str) or not _RELEASE_ID_RE.match(rid):

@@ -101,6 +101,10 @@ owner:
   returned: when RV(action) is V(refuse) or V(not_ours)
   type: str
   sample: alice on laptop
+lock_holder:
+  description: Who holds the lock for this play now - V(play) (taken) or V(nobody) (released, or not taken).
+  returned: outside check mode
+  type: str
 previous_owner:
   description: Owner of a lock that was taken over.
   returned: when RV(action) is V(stale)
@@ -143,13 +147,15 @@ def main():
     else:
         out = acquire_waiting(p["path"], p["token"], p["owner"], p["stale_s"], lease_s=p["lease_s"], wait_s=p["wait_s"])
 
+    # who holds the lock now, as far as this play goes: its own (taken) or nobody's it could free
+    holder = "play" if p["state"] == "present" and out.ok else "nobody"
     if not out.ok:
         extra = dict(owner=out.owner()) if out.action in (REFUSE, NOT_OURS) else {}
-        module.fail_json(msg=out.msg, action=out.action, **extra)
+        module.fail_json(msg=out.msg, action=out.action, lock_holder=holder, **extra)
     if out.action == NONE and not p["missing_ok"]:
         module.warn(out.msg)
     extra = dict(previous_owner=out.owner()) if out.action == STALE else {}
-    module.exit_json(changed=out.changed, action=out.action, msg=out.msg, **extra)
+    module.exit_json(changed=out.changed, action=out.action, msg=out.msg, lock_holder=holder, **extra)
 
 
 if __name__ == "__main__":

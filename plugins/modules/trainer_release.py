@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: trainer_release
-short_description: Immutable, content-addressed code releases with an atomic C(current) switch
+short_description: Immutable, content-addressed code releases uploaded beside the running one
 description:
   - Keeps releases of a code tree under C(<root>/releases/<id>), where C(<id>) is the first 16 hex
     characters of a content hash of the tree (paths, types, modes, file contents, symlink targets;
@@ -64,13 +64,13 @@ options:
     required: true
   state:
     description:
-      - V(present) makes O(release) (or the release built from O(src)) exist and points C(current)
-        at it, then prunes old releases.
-      - V(rollback) points C(current) at the release recorded in C(last_good), or at O(release).
+      - V(present) makes O(release) (or the release built from O(src)) exist, then prunes old releases. It never
+        moves C(current) - the restart job (P(dflash.trainer.trainer_restart#module) O(dflash.trainer.trainer_restart#module:release))
+        switches it, after the pre-flight, and back when the proof fails.
       - V(mark_good) records the release C(current) points at (or O(release)) in C(last_good).
       - V(query) only reads and returns C(current), C(last_good) and the releases.
     type: str
-    choices: [present, rollback, mark_good, query]
+    choices: [present, mark_good, query]
     default: present
   src:
     description:
@@ -92,8 +92,7 @@ options:
   release:
     description:
       - Release id. Required with O(state=present) when O(src) is not given.
-      - With O(state=rollback) or O(state=mark_good), the release to switch to or to record instead
-        of C(last_good) / C(current).
+      - With O(state=mark_good), the release to record instead of the one C(current) points at.
     type: str
   archive_b64:
     description:
@@ -139,13 +138,13 @@ attributes:
     support: none
   check_mode:
     support: full
-    details: Reports what would be transferred, switched and pruned without transferring or writing.
+    details: Reports what would be transferred and pruned without transferring or writing.
   diff_mode:
     support: full
     details:
       - Lists the files the release adds (C(+ path (size))), removes (C(- path)) and modifies
         (C(M path (old size → new size))) against the release C(current) points at, as Ansible's
-        prepared diff - with O(state=present) (also in check mode) and O(state=rollback).
+        prepared diff - with O(state=present) (also in check mode).
       - The action plugin compares the tree of O(src) with the manifest of the current release, which
         the module returns (only in diff mode) with its answer that it needs an archive.
   platform:
@@ -172,11 +171,6 @@ EXAMPLES = r"""
     root: /opt/dflash-trainer
     state: mark_good
 
-- name: Go back to the last good release
-  dflash.trainer.trainer_release:
-    root: /opt/dflash-trainer
-    state: rollback
-
 - name: Which release is live?
   dflash.trainer.trainer_release:
     root: /opt/dflash-trainer
@@ -192,16 +186,11 @@ release:
   sample: 3f2a9c0d41b7e8a5
 previous:
   description:
-    - Release C(current) pointed at before the task (V(present), V(rollback)), or the previous
+    - Release C(current) points at (V(present) - unchanged by it), or the previous
       C(last_good) (V(mark_good)). V(null) when there was none.
-  returned: when state is present, rollback or mark_good
+  returned: when state is present or mark_good
   type: str
   sample: 91c04d7e22aa0b13
-switched:
-  description: Whether C(current) was (or, in check mode, would be) switched.
-  returned: when state is present or rollback
-  type: bool
-  sample: true
 transferred:
   description: Whether the release was (or would be) unpacked from an archive in this run.
   returned: when state is present

@@ -44,10 +44,12 @@ extends_documentation_fragment:
 options:
   state:
     description: V(start) starts the job detached and returns; V(run) runs it in the foreground
-      (for tests); V(wait) watches it; V(stop) starts a deliberate stop the same way as V(start).
+      (for tests); V(wait) watches it; V(stop) starts a deliberate stop the same way as V(start); V(preflight) only
+      runs O(preflight) (in the environment of O(install), staged, nothing installed) - a trainer group's first phase,
+      on every member before any of them stops.
     type: str
-    choices: [start, run, wait, stop]
-    default: run
+    choices: [start, run, wait, stop, preflight]
+    default: start
   job_id:
     description: The job's id (the play's lock token is a good one).
     type: str
@@ -116,6 +118,11 @@ options:
         description: nvidia-smi on the target.
         type: str
         default: nvidia-smi
+  release:
+    description:
+      - The release to run - the job switches C(current) to it (under the lease, after the pre-flight, before the
+        stop) and, when its proof fails, back to the last good release. Omitted - the release C(current) points at.
+    type: str
   unit:
     description: The trainer's unit.
     type: str
@@ -202,6 +209,19 @@ options:
     description: Put the last good release back (and prove it) when the proof fails.
     type: bool
     default: true
+  mark_good:
+    description:
+      - Record the proved release as C(last_good) (and keep the configuration proved with it). V(false) - a member of a
+        trainer group, whose play marks the release good on every member once all of them are proved.
+    type: bool
+    default: true
+  keep_lock:
+    description:
+      - At its end the job stops renewing the deploy lock instead of releasing it, so the lock stays the play's (same
+        token) for the rest of its lease (O(lock_lease_s)) - a trainer group's member, whose play takes it back to decide
+        for every member at once.
+    type: bool
+    default: false
   reasons:
     description: Why the trainer restarts (recorded in the state file).
     type: list
@@ -305,6 +325,12 @@ preflight_refused:
   description: The pre-flight refused the release; nothing was installed, stopped or started.
   returned: on such a failure
   type: bool
+lock_holder:
+  description:
+    - Who holds the deploy lock when O(state=start) returns - V(play) (nothing was started - the play releases it),
+      V(job) (the job took its lease over and frees it when it ends) or V(unknown) (the job may have started).
+  returned: with O(state=start)
+  type: str
 install:
   description: What O(install) changed (as M(dflash.trainer.trainer_install) returns it).
   returned: with state=start and install
@@ -357,9 +383,18 @@ result:
       returned: always
       type: str
     release:
-      description: 'The release C(current) pointed at when the job began: the one it restarted.'
+      description: The release the job restarted (its O(release), switched to before the stop; else the one C(current)
+        pointed at when the job began).
       returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
       type: str
+    previous:
+      description: The release C(current) pointed at when the job began (before it switched to C(release)).
+      returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
+      type: str
+    switched:
+      description: Whether the job switched C(current) to C(release) before the stop.
+      returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
+      type: bool
     restarted:
       description: Whether the release was started (the job reached its proof).
       returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
@@ -509,15 +544,19 @@ def start_detached(module):
     """Run the job in a grandchild detached from this module's session and streams (it survives
     the connection, the controller and this process), return once it has recorded itself."""
     p = module.params
+
+    def refuse(**kw):  # before the fork: nothing was stopped, the lock is still the play's
+        module.fail_json(not_started=True, lock_holder="play", **kw)
+
     earlier = read_state(p["state_path"]) or {}
     # every failure before the fork says not_started: nothing was stopped and the lock is still the play's
     if earlier.get("job_id") == p["job_id"]:
-        module.fail_json(msg="restart job %s was already started" % p["job_id"])
+        module.fail_json(msg="restart job %s was already started" % p["job_id"], lock_holder="job")
     if job_alive(earlier):
-        module.fail_json(msg="refused: %s; one restart at a time" % outcome_words(earlier), not_started=True)
+        refuse(msg="refused: %s; one restart at a time" % outcome_words(earlier))
     why = collision(p)  # the progress file is only read: never a file the collection writes
     if why:
-        module.fail_json(msg="trainer_progress_path: %s; nothing was changed" % why, not_started=True)
+        refuse(msg="trainer_progress_path: %s; nothing was changed" % why)
     try:  # a deliberate stop (state=stop) has nothing to pre-flight, install or enable
         before = {} if p["state"] == "stop" else before_start(
             p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
@@ -525,23 +564,37 @@ def start_detached(module):
             before["enabled_unit"] = enable_unit(ModuleRunner(module), module.get_bin_path("systemctl", required=True),
                                                  p["unit"])
     except Refused as exc:  # the old trainer runs on, untouched
-        module.fail_json(preflight_refused=True, not_started=True, **exc.result)
+        refuse(preflight_refused=True, **exc.result)
     except InstallError as exc:  # nothing was stopped
-        module.fail_json(msg=exc.msg, install=exc.result, install_failed=True, not_started=True)
+        refuse(msg=exc.msg, install=exc.result, install_failed=True)
     except StepFailed as exc:  # enabling the unit failed: nothing was stopped
-        module.fail_json(msg=exc.msg, not_started=True)
+        refuse(msg=exc.msg)
     pid = detach(lambda: run_job(module))
     recorded = poll_until(lambda: read_state(p["state_path"]) or {}, job_recorded(p["job_id"]), 10, 0.05)
     if not recorded.ok:
         module.fail_json(msg="restart job %s (pid %s) did not record itself in %s within 10 s"
-                         % (p["job_id"], pid, p["state_path"]), **before)
-    started = dict(before, changed=True, started=True, job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
+                         % (p["job_id"], pid, p["state_path"]), lock_holder="unknown", **before)
+    started = dict(before, changed=True, started=True, lock_holder="play" if p["keep_lock"] else "job",
+                   job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
                    reasons=p["reasons"],
                    phase=recorded.value.get("phase"), finished=False)
     if p["wait_s"]:  # the first watch rides with the start (a short restart needs no second call)
         ok, fields = wait_for_job(p)
         report(module, ok, dict(started, **dict(fields, changed=True, started=True)))
     module.exit_json(**started)
+
+
+def preflight_only(module):
+    """O(state=preflight): the pre-flight of O(preflight) alone, nothing installed, stopped or started."""
+    p = module.params
+    if not p["preflight"]:
+        module.fail_json(msg="state=preflight needs preflight")
+    try:
+        fields = before_start(p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True),
+                              install=False)
+    except Refused as exc:  # the old trainer runs on, untouched
+        module.fail_json(preflight_refused=True, not_started=True, lock_holder="play", **exc.result)
+    module.exit_json(changed=False, lock_holder="play", **fields)
 
 
 def wait_for_job(p, clock=time.monotonic, sleep=time.sleep):
@@ -557,7 +610,7 @@ def wait(module, clock=time.monotonic, sleep=time.sleep):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["start", "run", "wait", "stop"], default="run"),
+            state=dict(type="str", choices=["start", "run", "wait", "stop", "preflight"], default="start"),
             job_id=dict(type="str", required=True),
             state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
             wait_s=dict(type="float"),
@@ -565,6 +618,7 @@ def main():
             environment_json=dict(type="str", default="{}", no_log=True),
             install=dict(type="dict", options=INSTALL_SUBOPTIONS),
             env_content=ENV_CONTENT_OPTION,
+            release=dict(type="str"),
             unit=dict(type="str"),
             root=dict(type="path"),
             log_path=dict(type="path"),
@@ -588,6 +642,8 @@ def main():
             tail_lines=dict(type="int", default=20),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             rollback=dict(type="bool", default=True),
+            mark_good=dict(type="bool", default=True),
+            keep_lock=dict(type="bool", default=False),
             reasons=dict(type="list", elements="str", default=[]),
             owner=dict(type="str", default="unknown"),
             lock_path=dict(type="str", default=""),
@@ -613,6 +669,8 @@ def main():
         module.exit_json(changed=True, finished=True, phase="check mode", result={},
                          msg="check mode: the trainer would be %s" % (
                              "stopped" if module.params["state"] == "stop" else "restarted"))
+    if module.params["state"] == "preflight":
+        preflight_only(module)
     if module.params["state"] in ("start", "stop"):
         start_detached(module)
     run_job(module)

@@ -18,79 +18,13 @@ description:
     or its children (the launcher exports it), else from the log's marker line of the current
     invocation.
   - RV(drift) is V(true) when the running release differs from C(current).
-  - The first read of a deploy (with O(lock), O(install) and O(no_op)) also says whether the deploy changes
-    anything - a deploy that changes nothing ends in this one remote call, its lock released here.
-extends_documentation_fragment:
-  - dflash.trainer.install_files
+  - It takes no lock and changes nothing; the first read of a locked entry point, which takes the lock and
+    makes the run's plan, is M(dflash.trainer.trainer_begin).
 options:
-  no_op:
-    description:
-      - With O(lock) and O(install), judge the deploy of O(no_op.release) on this read. When it changes nothing -
-        the release is C(current), runs, has a proof on record and is healthy, O(no_op.force) is off and the install
-        would write nothing (compared, never written here) - RV(no_op) is V(true) and the lock is released in this
-        call; else RV(no_op_reasons) says why the deploy goes on.
-    type: dict
-    suboptions:
-      release:
-        description: The id of the release the deploy brings (computed on the controller, as the release module does).
-        type: str
-        required: true
-      force:
-        description: The deploy forces a restart (never a no-op).
-        type: bool
-        default: false
   unit:
     description: The trainer's systemd unit.
     type: str
     required: true
-  lock:
-    description:
-      - Take the deploy lock first, as P(dflash.trainer.trainer_lock#module) does, then read - the lock and the first
-        read of what it protects in one remote call. Refused (or not taken) - the module fails with the reason, the
-        holder and RV(lock_refused). Ignored in check mode.
-    type: dict
-    suboptions:
-      path:
-        description: The lock file.
-        type: path
-        required: true
-      token:
-        description: This play's token.
-        type: str
-        required: true
-      owner:
-        description: Who holds it, in words.
-        type: str
-        default: unknown
-      stale_s:
-        description: A lock without a lease older than this is taken over.
-        type: int
-        default: 3600
-      lease_s:
-        description: The lease (seconds); a holder that stops renewing it loses the lock then.
-        type: int
-      wait_s:
-        description: Seconds to wait for a live holder.
-        type: float
-        default: 0
-      job_wait_s:
-        description:
-          - When the holder is a restart job that still runs (an earlier play was interrupted), wait up to this
-            long for its outcome, then take the lock - the run attaches to the job instead of being refused.
-        type: float
-        default: 1800
-  owned:
-    description:
-      - Every file a run writes and the directory it purges - C(variable), C(kind) (launcher, env, unit, log,
-        log_rotation, log_start, lock, lock_guard, state, metrics, cache, root, program) and C(path) - as
-        P(dflash.trainer.trainer_validate#module) returns them. Each path is resolved here (symlinked parents
-        included) and must be absent or carry the collection's mark (the cache - look like a torchinductor
-        cache), in directories root owns and only root may write; a program (a name looked up on the PATH,
-        or a path) must be a file root owns and only root may write; otherwise the module fails before the
-        lock is taken, naming the variable and what is there, with RV(lock_refused) and RV(problems).
-    type: list
-    elements: dict
-    default: []
   env_file:
     description: The trainer's environment file; its values are secrets, replaced by C(***) in every log line returned.
     type: path
@@ -151,9 +85,6 @@ attributes:
   check_mode:
     support: full
     description: Read-only; runs in check mode.
-  diff_mode:
-    support: partial
-    description: With O(install), the files it would change (the environment file's values masked).
 author:
   - dflash.trainer maintainers (@dflash)
 """
@@ -173,39 +104,6 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-problems:
-  description: What O(owned) refused - one line per variable, saying what is at its path (the module then fails).
-  returned: when a path of O(owned) is refused
-  type: list
-  elements: str
-install:
-  description: What O(install) would change - C(unit_changed), C(env_changed), C(launcher_changed), C(enabled_changed),
-    C(changed) (compared, nothing written); C(refused) when a path holds a file the collection did not write.
-  returned: when O(install) is given
-  type: dict
-no_op:
-  description: The deploy (O(no_op)) changes nothing; the lock was released in this call (C(released) in RV(lock)).
-  returned: when O(no_op) is given
-  type: bool
-release_current:
-  description: The release the deploy brings (O(no_op.release)) is the one C(current) points at - nothing to upload or
-    switch, the role skips the release call.
-  returned: when O(no_op) is given
-  type: bool
-no_op_reasons:
-  description: Why the deploy (O(no_op)) goes on, in the words of the restart's reasons (empty with RV(no_op)).
-  returned: when O(no_op) is given
-  type: list
-  elements: str
-lock:
-  description: What taking the lock did (O(lock) given) - V(action) (take, keep, stale), V(msg), V(previous_owner). V(released) when
-    RV(no_op) released it.
-  returned: when O(lock) is given, outside check mode
-  type: dict
-lock_refused:
-  description: V(true) when the lock was not taken (the module then fails).
-  returned: failure
-  type: bool
 log:
   description:
     - A start's log (O(log_lines), O(log_offset)) - invocation, release, lines, offset and inode to follow
@@ -398,64 +296,18 @@ log_problem:
   sample: "log was truncated or replaced since this start (the launcher recorded its marker at byte 1024; ...)"
 """
 
-import os
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import (
-    ENV_CONTENT_OPTION,
-    INSTALL_SUBOPTIONS,
-    InstallError,
-    install_all,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._config_id import installed_config, unit_path_of
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
-    NvidiaSmiError,
-    locate,
-    not_found_message,
-    read_gpus,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, parse_show, runtime_s, show_argv
-from ansible_collections.dflash.trainer.plugins.module_utils._status import (
-    LOG_NEEDS_PATH,
-    gpu_fields,
-    job_over,
-    job_summary,
-    lock_holder_job,
-    lock_refusal,
-    lock_taken,
-    log_fields,
-    no_op_reasons,
-    ownership_problems,
-    read_log,
-    read_log_chunk,
-    read_release_marks,
-    refusal_message,
-    release_fields,
-    release_from_proc,
-    status_health,
-    stopped_on_purpose,
-    unit_fields,
-    wants_log,
-    watch,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
+from ansible_collections.dflash.trainer.plugins.module_utils._status import LOG_NEEDS_PATH, wants_log
+from ansible_collections.dflash.trainer.plugins.module_utils._status_read import READ_OPTIONS, read_status
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            unit=dict(type="str", required=True),
-            trainer_root=dict(type="path"),
-            log_path=dict(type="path"),
-            nvidia_smi=dict(type="str", default="nvidia-smi"),
-            job_state_path=dict(type="path"),
+            READ_OPTIONS,
             history=dict(type="int", default=0),
             watch_s=dict(type="float", default=0),
             log_lines=dict(type="int", default=0),
@@ -463,146 +315,15 @@ def main():
             log_offset=dict(type="int"),
             log_inode=dict(type="int"),
             log_wait_s=dict(type="float", default=0),
-            owned=dict(type="list", elements="dict", default=[]),
-            env_file=dict(type="path"),
-            no_op=dict(type="dict", options=dict(
-                release=dict(type="str", required=True),
-                force=dict(type="bool", default=False),
-            )),
-            install=dict(type="dict", options=INSTALL_SUBOPTIONS),
-            env_content=ENV_CONTENT_OPTION,
-            lock=dict(type="dict", options=dict(
-                path=dict(type="path", required=True),
-                token=dict(type="str", required=True, no_log=False),
-                owner=dict(type="str", default="unknown"),
-                stale_s=dict(type="int", default=3600),
-                lease_s=dict(type="int"),
-                wait_s=dict(type="float", default=0),
-                job_wait_s=dict(type="float", default=1800),
-            )),
         ),
         required_together=[("log_offset", "log_inode")],
-        required_by=dict(no_op=("install",)),
         supports_check_mode=True,
     )
     p = module.params
     if wants_log(p) and not p["log_path"]:
         module.fail_json(msg=LOG_NEEDS_PATH)
-    refused = ownership_problems(p["owned"])
-    if refused:
-        module.fail_json(msg=refusal_message(refused), problems=refused, lock_refused=True)
-    taken = take_lock(module, p["lock"], p["job_state_path"]) if p["lock"] and not module.check_mode else None
-    systemctl = module.get_bin_path("systemctl", required=True)
-    run = ModuleRunner(module)  # each command bounded: 30 s
-
-    def show():
-        return run.or_fail(show_argv(p["unit"], systemctl=systemctl))
-
-    rc, out, err = show()
-    if rc != 0:
-        module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
-    props, watched = parse_show(out), None
-    if p["watch_s"] > 0 and is_running(props):
-        props, watched = watch(show, props, p["watch_s"])
-    running, main_pid, invocation = is_running(props), int_prop(props, "MainPID", 0), props.get("InvocationID", "")
-    seconds = runtime_s(props, now_monotonic_s=time.monotonic() if running else None)
-    result = unit_fields(props, seconds, release_from_proc(main_pid) if running and main_pid > 0 else None)
-    if taken is not None:
-        result["lock"] = taken
-
-    if p["log_path"]:
-        follower = where = None
-        if invocation and os.path.exists(p["log_path"]):
-            try:
-                follower, where = read_log(p["log_path"], invocation)
-            except (IOError, OSError) as e:
-                module.warn("Unable to read log %s: %s" % (p["log_path"], e))
-        result.update(log_fields(follower, where, running, result["running_release"]))
-    if wants_log(p):
-        result["log"] = read_log_chunk(p, invocation)
-
-    if p["trainer_root"]:
-        result.update(release_fields(*read_release_marks(p["trainer_root"]), running_release=result["running_release"]))
-    if watched is not None:
-        result["watched_s"] = watched
-    if p["trainer_root"]:
-        ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
-        # a deliberate stop on record (trainer_restart state=stop) that still holds: not running is no failure
-        stopped = stopped_on_purpose(read_state(p["job_state_path"]), props) if p["job_state_path"] else None
-        result["health"] = status_health(ledger, result, seconds, time.time(), stopped=stopped)
-        # (the environment file is part of the configuration: without O(env_file) it is unknown)
-        result["config"] = installed_config(p["trainer_root"], result.get("fragment_path") or unit_path_of(p["unit"]),
-                                            p["env_file"])[0] if p["env_file"] else None
-        if p["history"] > 0:
-            result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
-                                             p["history"], running_config=result["config"])
-
-    if p["job_state_path"]:
-        job = read_state(p["job_state_path"])
-        result["last_job"] = job_summary(job, job_alive(job))
-
-    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
-    if nvidia_smi is None:
-        result["gpu_error"] = not_found_message(p["nvidia_smi"])
-    else:
-        try:
-            result.update(gpu_fields(read_gpus(run, nvidia_smi, processes=False)[0]))
-        except NvidiaSmiError as e:
-            result["gpu_error"] = str(e)
-    if p["install"]:
-        judge_no_op(module, result, run, systemctl, lock_held=taken is not None)
+    result = read_status(module, p, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
     module.exit_json(**mask(result, read_secrets(p["env_file"])))
-
-
-def judge_no_op(module, result, run, systemctl, lock_held):
-    """O(install): what it would change (RV(install), compared, nothing written); with O(no_op), why
-    the deploy must go on (RV(no_op_reasons)) - none: RV(no_op), the lock released in this call."""
-    p = module.params
-    try:
-        result["install"] = install_all(dict(p["install"], env_content=p["env_content"] or ""), run, systemctl,
-                                        check_mode=True, diff=module._diff)
-        if result["install"].get("diff"):  # diff mode: the files the deploy installs, the environment masked
-            result["diff"] = result["install"].pop("diff")
-    except InstallError as e:  # the deploy's install refuses it too, before any write; say it there
-        result["install"] = dict(e.result, refused=e.msg)
-    if not p["no_op"]:
-        return
-    # the release the deploy brings is already current (complete by construction): nothing to upload or switch
-    result["release_current"] = p["no_op"]["release"] == result.get("current_release")
-    reasons = no_op_reasons(result, p["no_op"]["release"], p["no_op"]["force"], result["install"])
-    result["no_op_reasons"] = reasons
-    result["no_op"] = not reasons and lock_held
-    if result["no_op"]:
-        freed = release(p["lock"]["path"], p["lock"]["token"])
-        result["lock"]["released"] = bool(freed.ok)
-        if not freed.ok:
-            module.fail_json(msg="the deploy changes nothing, but the lock could not be released: %s" % freed.msg,
-                             **result)
-
-
-def take_lock(module, lk, state_path):
-    """Take the deploy lock (O(lock)) -> RV(lock); fail the module when it is not taken. A restart
-    job of an earlier (interrupted) play that holds it is waited for (O(lock.job_wait_s)) first."""
-    out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
-                          wait_s=lk["wait_s"])
-    attached = None
-    job = lock_holder_job(out, read_state(state_path), job_alive) if state_path and not out.ok else None
-    if job is not None:
-        attached = wait_for_job(state_path, job, lk["job_wait_s"])
-        out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
-                              wait_s=max(lk["wait_s"], 5))
-    if not out.ok:
-        module.fail_json(**lock_refusal(out))
-    return lock_taken(out, attached)
-
-
-def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
-    """Wait (bounded) until the restart job ``job`` (its state, found running) has ended -> words
-    for what it did."""
-    # job_alive named at the call: tests swap trainer_status.job_alive
-    out = poll_until(lambda: observe_job(state_path, alive=job_alive), job_over(job.get("job_id")), wait_s, 0.5,
-                     clock=clock, sleep=sleep, first=(job, True))
-    return "waited for %s" % outcome_words(out.snapshot[0])
 
 
 if __name__ == "__main__":

@@ -10,3 +10,14 @@ def wait_for(predicate, timeout=10.0, interval=0.1):
         time.sleep(interval)
         value = predicate()
     return value
+
+
+def holds(predicate, seconds, interval=0.1):
+    """Poll predicate() for ``seconds`` (an absence check: nothing to wait for, only a window to
+    watch); return False as soon as it fails, True when it held throughout."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not predicate():
+            return False
+        time.sleep(interval)
+    return bool(predicate())

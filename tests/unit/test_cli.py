@@ -286,7 +286,7 @@ def test_stop_second_signal_interrupts():
 
 # ---- the module's long poll (trainer_status log_offset + log_wait_s) ------------------------------
 def test_status_long_poll_waits_for_lines(tmp_path):
-    from ansible_collections.dflash.trainer.plugins.modules import trainer_status as mod
+    from ansible_collections.dflash.trainer.plugins.module_utils import _status as mod
     from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
     log = tmp_path / "trainer.log"
     log.write_text(marker_line("inv", "r1", 1, "t") + "\nstep=1\n")

@@ -348,7 +348,7 @@ def test_a_metrics_file_not_of_ours_is_left_alone(root):
 # --- trainer_status watch_s: returns when this start ends -----------------------------------------
 
 def test_watch_returns_when_the_start_ends_or_the_time_is_up():
-    from ansible_collections.dflash.trainer.plugins.modules import trainer_status as ts
+    from ansible_collections.dflash.trainer.plugins.module_utils import _status as ts
     now = [0.0]
     reads = iter(["ActiveState=active\nSubState=running\nInvocationID=a\nMainPID=5\n",
                   "ActiveState=active\nSubState=running\nInvocationID=a\nMainPID=5\n",

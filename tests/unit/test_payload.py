@@ -89,8 +89,9 @@ def test_the_status_read_stays_small():
 def test_the_job_state_file_has_one_owner():
     """Readers and the writer of restart.json meet in _job_state, which needs nothing of the cycle."""
     assert closure_of(os.path.join(UTILS, "_job_state.py")) <= {"_private_file"}
-    for module in ("trainer_status", "trainer_restart"):
+    for module in ("trainer_begin", "trainer_restart"):
         assert "_job_state" in imported_utils(os.path.join(ROOT, "plugins", "modules", module + ".py"))
+    assert "_job_state" in imported_utils(os.path.join(UTILS, "_status_read.py"))  # trainer_status's read
     assert "_job_state" in imported_utils(os.path.join(UTILS, "_status.py"))
     assert "_restart_job" not in imported_utils(os.path.join(UTILS, "_status.py"))
 

@@ -974,6 +974,6 @@ def test_default_windows_agree_everywhere_and_stall_fits_in_the_hold():
         if "trainer_ready_hold_s" in options or "trainer_ready_stall_s" in options:
             seen.add(("argument_specs " + entry, options["trainer_ready_hold_s"]["default"],
                       options["trainer_ready_stall_s"]["default"]))
-    assert len(seen) == 8        # defaults, module doc, Expectations, main, restart, rollback, stop, start
+    assert len(seen) == 9        # defaults, module doc, Expectations, main, group, restart, rollback, stop, start
     assert {(hold, stall) for _where, hold, stall in seen} == {(10, 5)}, sorted(seen)
     assert rd.window_problem(expect.hold_s, expect.stall_s) is None

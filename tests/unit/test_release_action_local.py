@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from ansible_collections.dflash.trainer.plugins.module_utils._release_root import switch_current
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PLAYBOOK = """
@@ -67,6 +69,11 @@ def tree_of(path):
     return out
 
 
+def switch(root, rid):
+    """Point <root>/current at rid, as the restart job does (trainer_release never moves it)."""
+    switch_current(str(root), rid)
+
+
 def deploy_task_output(stdout):
     """-vvv output of the deploy task alone (the report task makes its own tmp dirs)."""
     return stdout.split("TASK [deploy]", 1)[1].split("TASK [report]", 1)[0]
@@ -120,11 +127,13 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
 
     proc, r1 = play(tmp_path, src, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert r1["changed"] is True and r1["transferred"] is True and r1["switched"] is True
+    assert r1["changed"] is True and r1["transferred"] is True and "switched" not in r1
+    assert r1["current"] is None and not os.path.lexists(str(root / "current"))  # the restart job's
     assert r1["file_count"] == 22 and r1["bytes"] > 0 and r1["archive_bytes"] > 0
     assert "needs_archive" not in r1
     # a small archive (< 1 MiB) rides inside the module arguments: no transfer round trips
     assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 0
+    switch(root, r1["release"])
     current = root / "current"
     assert os.readlink(current) == "releases/" + r1["release"]
     assert os.access(current / "run.sh", os.X_OK)
@@ -149,18 +158,22 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     proc, r3 = play(tmp_path, src, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r3["release"] != r1["release"] and r3["previous"] == r1["release"]
-    assert r3["switched"] is True and set(r3["releases"]) == {r1["release"], r3["release"]}
+    assert "switched" not in r3 and set(r3["releases"]) == {r1["release"], r3["release"]}
+    assert r3["current"] == r1["release"] and os.readlink(root / "current") == "releases/" + r1["release"]
     assert r3["delta"] is True and r3["base"] == r1["release"]
     assert r3["sent_files"] == 1 and r3["reused_files"] == 21
     # same mode and owner: every reused file is a hard link to the previous release's
     assert r3["linked_files"] == 21 and r3["copied_files"] == 0
     old_release = root / "releases" / r1["release"]
-    assert os.stat(root / "current" / "pkg" / "m07.py").st_ino == os.stat(old_release / "pkg" / "m07.py").st_ino
+    new_release = root / "releases" / r3["release"]
+    assert os.stat(new_release / "pkg" / "m07.py").st_ino == os.stat(old_release / "pkg" / "m07.py").st_ino
     assert r3["archive_bytes"] > 0 and "have" not in r3 and "needs_archive" not in r3
     assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 0
-    assert (root / "current" / "trainer.py").read_text() == "print('step=2')\n"
-    assert os.access(root / "current" / "run.sh", os.X_OK)
-    assert tree_of(root / "current") == tree_of(src)
+    assert (new_release / "trainer.py").read_text() == "print('step=2')\n"
+    assert (old_release / "trainer.py").read_text() == "print('step=1')\n"
+    assert os.access(new_release / "run.sh", os.X_OK)
+    assert tree_of(new_release) == tree_of(src)
+    switch(root, r3["release"])
     # the remote tmp dir holding the archive is gone
     remote_tmp = tmp_path / "ansible-remote"
     assert not remote_tmp.exists() or not any(remote_tmp.iterdir())
@@ -180,7 +193,8 @@ def test_deploy_twice_then_change(tmp_path, python_ok):
     assert r5["linked_files"] == 0 and r5["copied_files"] == 0
     assert "does not match its recorded sha256" in r5["delta_fallback"]
     assert module_runs(proc.stdout) == 3 and archive_puts(proc.stdout) == 0
-    assert tree_of(root / "current") == tree_of(src)
+    assert tree_of(root / "releases" / r5["release"]) == tree_of(src)
+    assert r5["current"] == r3["release"] and os.readlink(root / "current") == "releases/" + r3["release"]
 
 
 def test_missing_src_fails_before_touching_target(tmp_path, python_ok):
@@ -204,7 +218,8 @@ def test_large_archive_goes_through_one_transfer(tmp_path, python_ok):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r1["transferred"] is True and r1["archive_bytes"] > 1024 * 1024
     assert module_runs(proc.stdout) == 2 and archive_puts(proc.stdout) == 1
-    assert tree_of(root / "current") == tree_of(src)
+    assert tree_of(root / "releases" / r1["release"]) == tree_of(src)
+    assert r1["current"] is None and not os.path.lexists(str(root / "current"))
     remote_tmp = tmp_path / "ansible-remote"
     assert not remote_tmp.exists() or not any(remote_tmp.iterdir())
 
@@ -223,6 +238,7 @@ def test_big_archive_is_a_plain_tar_through_one_transfer(tmp_path, python_ok):
     assert "plain tar, one put of a local temp file" in out
     assert r1["transferred"] is True and 6 * 1024 * 1024 < r1["archive_bytes"] < 7 * 1024 * 1024
     assert r1["hashed_files"] == r1["file_count"] == 23
-    assert tree_of(root / "current") == tree_of(src)
+    assert tree_of(root / "releases" / r1["release"]) == tree_of(src)
+    assert r1["current"] is None and not os.path.lexists(str(root / "current"))
     remote_tmp = tmp_path / "ansible-remote"
     assert not remote_tmp.exists() or not any(remote_tmp.iterdir())

@@ -1,5 +1,7 @@
-"""--diff of a release: the pure helper (manifest_changes, release_diff), the module's switch diff,
-and the action plugin's diff of a src tree against the target's current release."""
+"""--diff of a release: the pure helper (manifest_changes, release_diff), the module's diff of a
+release already on the target against current, and the action plugin's diff of a src tree against
+the target's current release. trainer_release never moves current (the restart job does): the tests
+switch it with switch_current where a diff needs a current release."""
 from __future__ import annotations
 
 import os
@@ -7,6 +9,7 @@ import os
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive
+from ansible_collections.dflash.trainer.plugins.module_utils._release_root import switch_current
 from ansible_collections.dflash.trainer.plugins.module_utils._release_diff import (
     human_size,
     manifest_changes,
@@ -76,7 +79,7 @@ def test_first_release_lists_every_file_added():
     assert "records no manifest" in d
 
 
-# ---- the module: switching to a release already on the target; rollback -----------------------
+# ---- the module: a release already on the target, diffed against current ----------------------
 def make_tree(path, files):
     for name, content in files.items():
         full = os.path.join(str(path), name)
@@ -94,25 +97,33 @@ def install(root, src):
     return scan.release_id
 
 
-def test_module_diff_on_switch_and_rollback(tmp_path):
+def test_module_diff_of_a_release_on_the_target_against_current(tmp_path):
     from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
     root = tmp_path / "root"
     make_tree(tmp_path / "one", {"run.sh": "#!/bin/sh\n", "pkg/a.py": "A = 1\n"})
     make_tree(tmp_path / "two", {"run.sh": "#!/bin/sh\n", "pkg/a.py": "A = 22\n", "pkg/b.py": "B\n"})
     one = install(root, tmp_path / "one")
+    switch_current(str(root), one)  # as the restart job does
     mod.run(dict(root=str(root), state="mark_good", keep=5))
     two = install(root, tmp_path / "two")
-    # back to one (complete on the target): the module diffs the two manifests itself, in check mode too
+    switch_current(str(root), two)
+    # one (complete on the target, not current): the module diffs the two manifests itself, in check
+    # mode too, and leaves current where it is
     for check in (True, False):
         r = mod.run(dict(root=str(root), state="present", release=one, keep=5), check_mode=check, diff=True)
         assert r["diff"]["prepared"].splitlines() == [
             "release %s → %s: 0 added, 1 removed, 1 modified" % (two, one), "M pkg/a.py (7 B → 6 B)",
             "- pkg/b.py"], r
+        assert r["changed"] is False and r["current"] == two
+        assert os.readlink(str(root / "current")) == "releases/" + two
+    switch_current(str(root), one)
     r = mod.run(dict(root=str(root), state="present", release=one, keep=5), diff=True)
-    assert "diff" not in r and r["changed"] is False  # nothing switches, nothing to show
-    install(root, tmp_path / "two")
-    r = mod.run(dict(root=str(root), state="rollback", keep=5), check_mode=True, diff=True)
-    assert r["diff"]["prepared"].startswith("release %s → %s: 0 added, 1 removed" % (two, one))
+    assert "diff" not in r and r["changed"] is False  # one is current: nothing to show
+    r = mod.run(dict(root=str(root), state="present", release=two, keep=5), check_mode=True, diff=True)
+    assert r["diff"]["prepared"].splitlines() == [
+        "release %s → %s: 1 added, 0 removed, 1 modified" % (one, two), "M pkg/a.py (6 B → 7 B)",
+        "+ pkg/b.py (2 B)"], r
+    switch_current(str(root), two)
     # without diff mode: no diff, and the needs_archive answer carries no manifest
     make_tree(tmp_path / "three", {"run.sh": "#!/bin/sh\n"})
     scan = scan_tree(str(tmp_path / "three"))
@@ -136,6 +147,8 @@ def test_action_diff_against_the_current_release(tmp_path, monkeypatch):
     assert "base_manifest" not in r
     proc, r1 = play(tmp_path, src, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not os.path.lexists(str(root / "current"))  # trainer_release never switches it
+    switch_current(str(root), r1["release"])  # as the restart job does
     (src / "trainer.py").write_text("print('step=22')\n")
     os.unlink(str(src / "pkg" / "m03.py"))
     (src / "pkg" / "new.py").write_text("N = 1\n")
@@ -148,5 +161,14 @@ def test_action_diff_against_the_current_release(tmp_path, monkeypatch):
         assert "base_manifest" not in r and "have" not in r
         # the default callback prints it
         assert "+ pkg/new.py (6 B)" in proc.stdout
-    proc, r = play(tmp_path, src, root)  # deployed: nothing changes, no diff
+        assert r["current"] == r1["release"]
+        assert os.readlink(str(root / "current")) == "releases/" + r1["release"]
+    # installed but not current: nothing changes, the diff still shows what switching would change
+    proc, r = play(tmp_path, src, root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert r["changed"] is False and r["diff"]["prepared"].startswith(
+        "release %s → %s: 1 added, 1 removed, 1 modified" % (r1["release"], r["release"])), r
+    switch_current(str(root), r["release"])
+    proc, r = play(tmp_path, src, root)  # deployed and current: nothing changes, no diff
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert r["changed"] is False and "diff" not in r

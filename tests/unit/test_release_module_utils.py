@@ -24,6 +24,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_root impor
     read_last_good,
     release_path,
     releases_dir,
+    switch_current,
 )
 from ansible_collections.dflash.trainer.plugins.modules import trainer_release as module
 
@@ -204,7 +205,7 @@ def test_verify_release_of_a_manifest_that_is_not_the_release(root, installed):
 # --- the states -------------------------------------------------------------------------------
 
 def test_the_module_offers_the_states_and_re_exports_run():
-    assert sorted(states.STATES) == ["mark_good", "present", "query", "rollback"]
+    assert sorted(states.STATES) == ["mark_good", "present", "query"]  # current is the restart job's
     assert module.run is states.run and module.STATES is states.STATES
     assert module.ReleaseModuleError is ReleaseModuleError
 
@@ -212,13 +213,12 @@ def test_the_module_offers_the_states_and_re_exports_run():
 @pytest.mark.parametrize("kw, message", [
     (dict(src="/somewhere"), "src is read on the controller by the dflash.trainer.trainer_release action plugin; "
                              "the module on the target takes release= (and archive=)"),
-    (dict(state="rollback", verify=True), "verify is only valid with state=query"),
+    (dict(state="mark_good", verify=True), "verify is only valid with state=query"),
     (dict(release="0123456789abcdef", archive="/a.tar", archive_b64="AAAA"),
      "archive and archive_b64 are mutually exclusive"),
     (dict(release="0123456789abcdef", base="fedcba9876543210"),
      "base is only valid together with archive (a delta archive)"),
     (dict(release="0123456789abcdef", keep=-1), "keep must be 0 or more, got -1"),
-    (dict(state="rollback"), "no last good release recorded under {root}; nothing to roll back to"),
     (dict(state="mark_good"), "no current release under {root}; nothing to mark good"),
 ])
 def test_run_refuses_with_the_exact_message(root, kw, message):
@@ -237,7 +237,7 @@ def test_run_names_invalid_inline_base64(root):
 def test_present_without_the_release_asks_for_an_archive_and_touches_nothing(tmp_path, root):
     rid, _archive, _scan = build(tmp_path, "v1")
     result = states.run(params(root, release=rid), diff=True)
-    assert result == dict(changed=False, release=rid, previous=None, switched=False, transferred=False,
+    assert result == dict(changed=False, release=rid, previous=None, transferred=False,
                           needs_archive=True, pruned=[], cleaned=[], last_good=None, current=None,
                           base=None, have=[], releases=[], base_manifest=None)
     assert os.listdir(releases_dir(root)) == []
@@ -248,40 +248,35 @@ def test_present_in_check_mode_plans_without_writing(tmp_path, root):
     stale = os.path.join(releases_dir(root), ".tmp-%s-abc" % rid)
     os.makedirs(stale)
     result = states.run(params(root, release=rid, archive=archive), check_mode=True)
-    assert result["changed"] is True and result["transferred"] is True and result["switched"] is True
-    assert result["current"] == rid and result["releases"] == [rid] and result["pruned"] == []
+    assert result["changed"] is True and result["transferred"] is True and "switched" not in result
+    assert result["current"] is None and result["releases"] == [rid] and result["pruned"] == []
     assert result["cleaned"] == ["releases/.tmp-%s-abc" % rid]
     assert os.path.isdir(stale) and read_current(root) is None and not is_complete(root, rid)
 
 
-def test_present_then_mark_good_then_rollback_then_query(tmp_path, root):
+def test_present_then_mark_good_then_present_then_query(tmp_path, root):
     r1, a1, _scan = build(tmp_path, "v1")
     r2, a2, _scan = build(tmp_path, "v2")
     first = states.run(params(root, release=r1, archive=a1))
-    assert first["changed"] and first["transferred"] and first["current"] == r1 and first["previous"] is None
+    assert first["changed"] and first["transferred"] and first["previous"] is None
+    assert first["current"] is None and read_current(root) is None and "switched" not in first
+    switch_current(root, r1)  # what the restart job does
     good = states.run(params(root, state="mark_good"))
     assert good == dict(changed=True, release=r1, previous=None, last_good=r1, current=r1, releases=[r1])
     assert read_last_good(root) == r1
     second = states.run(params(root, release=r2, archive=a2), diff=True)
-    assert second["switched"] and second["current"] == r2 and second["previous"] == r1
+    assert second["transferred"] and second["current"] == r1 and second["previous"] == r1
+    assert read_current(root) == r1 and "switched" not in second
     assert "diff" not in second  # the action plugin diffs a release it uploads
-    back = states.run(params(root, state="rollback"), diff=True)
-    assert back["changed"] is True and back["release"] == r1 and back["previous"] == r2 and back["current"] == r1
-    assert back["diff"]["prepared"].splitlines() == [
-        "release %s → %s: 0 added, 0 removed, 1 modified" % (r2, r1), "M trainer.py (15 B → 15 B)"]
-    assert read_current(root) == r1
-    again = states.run(params(root, state="rollback"))
-    assert again["changed"] is False and again["switched"] is False
+    # r2 is installed now: present shows what switching current to it would change, moving nothing
+    again = states.run(params(root, release=r2), diff=True)
+    assert again["changed"] is False and again["current"] == r1 and read_current(root) == r1
+    assert again["diff"]["prepared"].splitlines() == [
+        "release %s → %s: 0 added, 0 removed, 1 modified" % (r1, r2), "M trainer.py (15 B → 15 B)"]
     query = states.run(params(root, state="query", verify=True))
     assert query["release"] == query["current"] == r1 and query["last_good"] == r1
+    assert sorted(query["releases"]) == sorted([r1, r2])
     assert query["verified"] is True and query["mismatches"] == [] and query["changed"] is False
-
-
-def test_rollback_to_a_release_that_is_not_there(root):
-    with pytest.raises(ReleaseModuleError) as e:
-        states.run(params(root, state="rollback", release="0123456789abcdef"))
-    assert e.value.msg == ("Unable to roll back to release 0123456789abcdef: it is not a complete release "
-                           "under %s" % releases_dir(root))
 
 
 def test_query_verify_without_a_current_release(root):
@@ -295,7 +290,8 @@ def test_inline_archive_installs_and_leaves_no_upload(tmp_path, root):
     with open(archive, "rb") as f:
         data = base64.b64encode(f.read()).decode()
     result = states.run(params(root, release=rid, archive_b64=data))
-    assert result["transferred"] is True and result["current"] == rid
+    assert result["transferred"] is True and is_complete(root, rid)
+    assert result["current"] is None and read_current(root) is None
     assert not [n for n in os.listdir(root) if n.startswith(".upload-")]
 
 

@@ -220,17 +220,25 @@ class Target(object):
         return box.get("answer"), result, tree
 
 
+def no_release(target):
+    """Nothing installed (not even a partial release) under the target's releases/."""
+    releases = target.root / "releases"
+    return not releases.exists() or not list(releases.iterdir())
+
+
 def test_stream_into_module_installs_the_release_without_a_copy(tmp_path):
     scan = scan_tree(make_tree(str(tmp_path / "src")))
     target = Target(tmp_path)
     answer, result, tree = target.send(scan)
     assert not result.get("failed"), result
-    assert answer["transferred"] is True and answer["current"] == scan.release_id
+    assert answer["transferred"] is True and "switched" not in answer
+    # trainer_release never moves current (the restart job does)
+    assert answer["current"] is None and not (target.root / "current").exists()
     assert tree["archive_bytes"] >= scan.bytes
     assert target.module_args[0]["archive"].endswith(".fifo")
-    current = target.root / "current"
-    assert sha_of(current / "weights.bin") == sha_of(os.path.join(scan.root, "weights.bin"))
-    assert scan_tree(str(current), [MARKER_NAME]).digest == scan.digest
+    release = target.root / "releases" / scan.release_id
+    assert sha_of(release / "weights.bin") == sha_of(os.path.join(scan.root, "weights.bin"))
+    assert scan_tree(str(release), [MARKER_NAME]).digest == scan.digest
     # nothing but the fifo went to the remote tmp dir: no archive file on the target
     assert [p.name for p in target.remote_tmp.iterdir()] == ["release-%s.tar.fifo" % scan.release_id]
 
@@ -242,7 +250,7 @@ def test_module_failing_before_it_opens_the_fifo_releases_the_sender(tmp_path):
     assert answer is None or answer.get("failed")
     assert result.get("failed") or answer.get("failed")
     assert "Unable to take the lock" in (result.get("msg") or answer.get("msg"))
-    assert not (target.root / "current").exists()
+    assert not (target.root / "current").exists() and no_release(target)
 
 
 def test_sender_failing_midway_fails_the_install_and_says_why(tmp_path):
@@ -272,7 +280,7 @@ def test_transfer_failing_before_it_opens_the_fifo_releases_the_module(tmp_path)
     answer, result, _tree = target.send(scan)
     assert answer is None and result["failed"]
     assert "Connection refused" in result["msg"] and "(the target: " in result["msg"]
-    assert not (target.root / "current").exists()
+    assert not (target.root / "current").exists() and no_release(target)
 
 
 def test_a_file_rewritten_after_the_scan_is_refused_and_named(tmp_path):
@@ -284,7 +292,7 @@ def test_a_file_rewritten_after_the_scan_is_refused_and_named(tmp_path):
     assert answer is None and result["failed"]
     assert "changed while the release archive was built" in result["msg"]
     assert "(the target: Unable to install release %s" % scan.release_id in result["msg"]
-    assert not (target.root / "current").exists()  # the target refused the content
+    assert not (target.root / "current").exists() and no_release(target)  # the target refused the content
 
 
 def test_a_file_grown_after_the_scan_installs_what_the_id_names(tmp_path):
@@ -297,8 +305,10 @@ def test_a_file_grown_after_the_scan_installs_what_the_id_names(tmp_path):
         f.write("# appended during the deploy\n")
     target = Target(tmp_path)
     answer, result, _tree = target.send(scan)
-    assert not result.get("failed") and answer["current"] == scan.release_id
-    assert (target.root / "current" / "pkg" / "m02.py").read_bytes() == before
+    assert not result.get("failed") and answer["transferred"] is True and answer["release"] == scan.release_id
+    release = target.root / "releases" / scan.release_id
+    assert scan_tree(str(release), [MARKER_NAME]).release_id == scan.release_id
+    assert (release / "pkg" / "m02.py").read_bytes() == before
 
 
 def test_stream_checks_every_byte_arrived():

@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from ansible_collections.dflash.trainer.plugins.module_utils._plan import make_plan
+
 from ansible_collections.dflash.trainer.plugins.module_utils import _status as s
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import Outcome
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import LogChunk
@@ -416,7 +418,7 @@ def test_gpu_fields():
     assert s.gpu_fields([]) == {"gpus_mib": {}, "gpus": []}
 
 
-# --- no_op_reasons: the first read of a deploy judges whether it changes anything -------------------
+# --- the first read's plan (_plan.make_plan): a deploy that changes nothing is a no-op ------------------
 
 def _proved(**kw):
     status = dict(running=True, running_release="r1", current_release="r1", last_good="r1",
@@ -429,7 +431,7 @@ NO_CHANGE = dict(changed=False, unit_changed=False, env_changed=False, launcher_
 
 
 def test_a_deploy_of_the_running_proved_release_with_nothing_to_install_is_a_no_op():
-    assert s.no_op_reasons(_proved(), "r1", install=NO_CHANGE) == []
+    assert make_plan(dict(entry="deploy", release="r1"), _proved(), NO_CHANGE)["no_op"]
 
 
 @pytest.mark.parametrize("status, release, force, install, words", [
@@ -442,9 +444,13 @@ def test_a_deploy_of_the_running_proved_release_with_nothing_to_install_is_a_no_
     (_proved(health=dict(ok=False, words="restarted 18 s after its proof")), "r1", False, NO_CHANGE,
      "not the one proved: restarted 18 s after its proof"),
     (_proved(), "", False, NO_CHANGE, "no release id"),
-    (_proved(), "r1", False, dict(NO_CHANGE, enabled_changed=True, changed=True), "install: unit enablement changes"),
-    (_proved(), "r1", False, dict(NO_CHANGE, refused="refused before any change"), "install: refused before any change"),
+    (_proved(), "r1", False, dict(NO_CHANGE, enabled_changed=True, changed=True), None),
+    (_proved(), "r1", False, dict(NO_CHANGE, refused="refused before any change"), None),
 ])
-def test_anything_that_asks_for_work_is_a_reason(status, release, force, install, words):
-    reasons = s.no_op_reasons(status, release, force=force, install=install)
-    assert reasons and any(words in r for r in reasons), reasons
+def test_anything_that_asks_for_work_is_no_no_op(status, release, force, install, words):
+    plan = make_plan(dict(entry="deploy", release=release, force=force), status, install)
+    assert not plan["no_op"], plan
+    if words is None:  # only the install has work: no restart
+        assert plan["install"] and not plan["restart"]
+    else:
+        assert any(words in r for r in plan["reasons"] + [plan["refused"] or ""]), plan

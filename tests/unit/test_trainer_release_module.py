@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive, manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils._release_root import switch_current
 from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import MARKER_NAME, scan_tree
 from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
 
@@ -68,7 +69,16 @@ class Lab(object):
         return rid, result
 
     def current(self):
-        return os.readlink(os.path.join(self.root, "current"))
+        """Where <root>/current points (None without one)."""
+        link = os.path.join(self.root, "current")
+        return os.readlink(link) if os.path.lexists(link) else None
+
+    def switch(self, rid):
+        """Point current at rid the way the restart job does (trainer_release never moves it)."""
+        switch_current(self.root, rid)
+
+    def complete(self, rid):
+        return os.path.isfile(os.path.join(self.root, "releases", rid, MARKER_NAME))
 
     def snapshot(self):
         out = {}
@@ -97,13 +107,15 @@ def test_present_without_archive_asks_for_it_and_touches_nothing(lab):
     assert not os.path.exists(lab.root)
 
 
-def test_present_with_archive_creates_release_and_current(lab):
+def test_present_with_archive_creates_the_release_and_leaves_current_alone(lab):
     rid, result = lab.deploy("v1")
-    assert result["changed"] and result["transferred"] and result["switched"]
+    assert result["changed"] and result["transferred"] and "switched" not in result
     assert result["release"] == rid and result["previous"] is None
-    assert result["releases"] == [rid] and result["current"] == rid
-    assert lab.current() == "releases/" + rid
+    assert result["releases"] == [rid] and result["current"] is None
+    assert lab.current() is None  # the restart job switches current, not trainer_release
     release = os.path.join(lab.root, "releases", rid)
+    assert os.access(os.path.join(release, "run.sh"), os.X_OK)
+    lab.switch(rid)
     assert os.access(os.path.join(lab.root, "current", "run.sh"), os.X_OK)
     marker = json.load(open(os.path.join(release, MARKER_NAME)))
     assert marker["id"] == rid and marker["digest"].startswith(rid)
@@ -112,11 +124,16 @@ def test_present_with_archive_creates_release_and_current(lab):
 
 def test_same_release_again_is_a_no_op(lab):
     rid, _ignored = lab.deploy("v1")
+    # installed but not current: still a no-op, and current stays absent
+    result = lab.run(release=rid)
+    assert result["changed"] is False and result["transferred"] is False and result["needs_archive"] is False
+    assert result["current"] is None and lab.current() is None
+    lab.switch(rid)
     before = lab.snapshot()
     result = lab.run(release=rid)  # no archive needed
     assert result["changed"] is False and result["needs_archive"] is False
-    assert result["transferred"] is False and result["switched"] is False
-    assert result["previous"] == rid
+    assert result["transferred"] is False and "switched" not in result
+    assert result["previous"] == rid and result["current"] == rid
     # an archive given anyway is not extracted
     _ignored, archive = lab.build("v1")
     assert lab.run(release=rid, archive=archive)["transferred"] is False
@@ -124,17 +141,20 @@ def test_same_release_again_is_a_no_op(lab):
         {k: v for k, v in before.items() if k != ".lock"}
 
 
-def test_second_release_switches_and_keeps_previous(lab):
+def test_second_release_installs_beside_the_current_one(lab):
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     r2, result = lab.deploy("v2")
     assert r1 != r2
-    assert result["previous"] == r1 and result["switched"] and result["release"] == r2
+    assert result["previous"] == r1 and result["release"] == r2 and "switched" not in result
+    assert result["changed"] and result["transferred"] and lab.complete(r2)
     assert set(result["releases"]) == {r1, r2} and result["releases"][0] == r2
-    assert lab.current() == "releases/" + r2
+    assert result["current"] == r1 and lab.current() == "releases/" + r1  # not moved
 
 
 def test_interrupted_extraction_never_becomes_current_and_is_cleaned(lab):
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     r2, archive2 = lab.build("v2")
     # an interrupted run: a half-extracted tmp dir and a temporary link never renamed
     stale = os.path.join(lab.root, "releases", ".tmp-%s-dead" % r2)
@@ -143,14 +163,17 @@ def test_interrupted_extraction_never_becomes_current_and_is_cleaned(lab):
     os.symlink("releases/" + r2, os.path.join(lab.root, "current.tmp-dead"))
     assert lab.run(state="query")["releases"] == [r1]
     with pytest.raises(mod.ReleaseModuleError, match="not a complete release"):
-        lab.run(state="rollback", release=r2)
+        lab.run(state="mark_good", release=r2)
     with pytest.raises(mod.ReleaseModuleError, match="invalid release id"):
-        lab.run(state="rollback", release=".tmp-%s-dead" % r2)
+        lab.run(state="mark_good", release=".tmp-%s-dead" % r2)
+    assert not os.path.exists(os.path.join(lab.root, "last_good"))
     # a no-op deploy of r1 cleans the leftovers
     result = lab.run(release=r1)
     assert sorted(result["cleaned"]) == sorted(["releases/.tmp-%s-dead" % r2, "current.tmp-dead"])
-    assert result["changed"] is True and result["switched"] is False
+    assert result["changed"] is True and result["transferred"] is False and "switched" not in result
+    assert result["current"] == r1 and lab.current() == "releases/" + r1
     assert not os.path.exists(stale)
+    assert not os.path.lexists(os.path.join(lab.root, "current.tmp-dead"))
     # and the real r2 still installs
     assert lab.run(release=r2, archive=archive2)["transferred"] is True
 
@@ -160,7 +183,7 @@ def test_incomplete_dir_with_the_release_name_is_replaced(lab):
     os.makedirs(os.path.join(lab.root, "releases", rid))  # renamed but no marker: not a release
     assert lab.run(release=rid)["needs_archive"] is True
     result = lab.run(release=rid, archive=archive)
-    assert result["transferred"] and lab.current() == "releases/" + rid
+    assert result["transferred"] and lab.complete(rid) and lab.current() is None
     assert os.path.isfile(os.path.join(lab.root, "releases", rid, "run.sh"))
 
 
@@ -181,44 +204,35 @@ def test_missing_archive_file(lab):
 
 def test_keep_prunes_oldest_but_not_last_good(lab):
     r1, _ignored = lab.deploy("v1", mtime=1000)
+    lab.switch(r1)
     lab.run(state="mark_good")
     r2, _ignored = lab.deploy("v2", mtime=2000)
+    lab.switch(r2)
     r3, _ignored = lab.deploy("v3", mtime=3000)
+    lab.switch(r3)
     r4, result = lab.deploy("v4", keep=2)
+    # r3: what current points at (the running trainer's release), r1: last good - both kept
     assert result["pruned"] == [r2]
+    assert result["current"] == r3 and lab.current() == "releases/" + r3
     assert result["releases"] == [r4, r3, r1]
     assert result["last_good"] == r1
     assert not os.path.exists(os.path.join(lab.root, "releases", r2))
     assert not [n for n in os.listdir(os.path.join(lab.root, "releases")) if n.startswith(".tmp-")]
 
 
-def test_mark_good_and_rollback(lab):
+def test_mark_good(lab):
     r1, _ignored = lab.deploy("v1")
-    with pytest.raises(mod.ReleaseModuleError,
-                       match="no last good release recorded under %s; nothing to roll back to" % lab.root):
-        lab.run(state="rollback")
+    lab.switch(r1)
     result = lab.run(state="mark_good")
-    assert result == dict(result, changed=True, release=r1, previous=None, last_good=r1)
+    assert result == dict(result, changed=True, release=r1, previous=None, last_good=r1, current=r1)
     assert open(os.path.join(lab.root, "last_good")).read() == r1 + "\n"
     assert lab.run(state="mark_good")["changed"] is False
     r2, _ignored = lab.deploy("v2")
-    result = lab.run(state="rollback")
-    assert result["switched"] and result["changed"]
-    assert result["release"] == r1 and result["previous"] == r2
-    assert lab.current() == "releases/" + r1
-    assert lab.run(state="rollback")["changed"] is False
-    # explicit release
-    assert lab.run(state="rollback", release=r2)["release"] == r2
-    assert lab.run(state="mark_good", release=r2)["previous"] == r1
-
-
-def test_rollback_to_a_pruned_last_good_fails_clearly(lab):
-    r1, _ignored = lab.deploy("v1")
-    lab.run(state="mark_good")
-    lab.deploy("v2")
-    os.rename(os.path.join(lab.root, "releases", r1), os.path.join(lab.root, "gone"))
-    with pytest.raises(mod.ReleaseModuleError, match="last good release %s .* nothing to roll back to" % r1):
-        lab.run(state="rollback")
+    # explicit release: recorded as last good, current stays where it is
+    result = lab.run(state="mark_good", release=r2)
+    assert result["changed"] is True and result["previous"] == r1 and result["last_good"] == r2
+    assert result["current"] == r1 and lab.current() == "releases/" + r1
+    assert open(os.path.join(lab.root, "last_good")).read() == r2 + "\n"
 
 
 def test_mark_good_without_current(lab):
@@ -230,6 +244,9 @@ def test_query(lab):
     assert lab.run(state="query") == dict(changed=False, release=None, current=None, last_good=None,
                                           releases=[])
     r1, _ignored = lab.deploy("v1")
+    assert lab.run(state="query") == dict(changed=False, release=None, current=None, last_good=None,
+                                          releases=[r1])
+    lab.switch(r1)
     lab.run(state="mark_good")
     assert lab.run(state="query") == dict(changed=False, release=r1, current=r1, last_good=r1,
                                           releases=[r1])
@@ -244,17 +261,18 @@ def test_current_that_is_not_a_symlink_is_refused(lab):
 
 def test_check_mode_changes_nothing(lab):
     r1, _ignored = lab.deploy("v1", mtime=1000)
+    lab.switch(r1)
     r2, archive2 = lab.build("v2")
     stale = os.path.join(lab.root, "releases", ".tmp-x-dead")
     os.makedirs(stale)
     before = lab.snapshot()
     result = lab.run(check_mode=True, release=r2, archive=archive2, keep=0)
-    assert result["changed"] and result["transferred"] and result["switched"]
-    # r1 is what current pointed at (the running trainer's release): never pruned by this switch
+    assert result["changed"] and result["transferred"] and "switched" not in result
+    assert result["current"] == r1 and result["previous"] == r1  # check mode reports no switch either
+    # r1 is what current points at (the running trainer's release): never pruned
     assert result["pruned"] == [] and result["cleaned"] == ["releases/.tmp-x-dead"]
     assert result["releases"] == [r2, r1]
-    for state in ("rollback", "mark_good"):
-        lab.run(check_mode=True, state=state, release=r1)
+    assert lab.run(check_mode=True, state="mark_good", release=r1)["changed"] is True
     assert lab.run(check_mode=True, state="mark_good")["changed"] is True
     assert lab.snapshot() == before
     # a fresh root in check mode stays absent
@@ -287,11 +305,18 @@ def test_module_runs_as_a_program(lab, tmp_path):
         return json.loads(proc.stdout)
 
     out = call({"root": lab.root, "release": rid, "archive": archive})
-    assert out["changed"] is True and out["release"] == rid
+    assert out["changed"] is True and out["release"] == rid and out["current"] is None
+    assert "switched" not in out and lab.complete(rid)
+    # state=rollback is gone (the restart job switches current): the argument spec refuses it
     out = call({"root": lab.root, "state": "rollback"})
-    assert out["failed"] is True and "nothing to roll back to" in out["msg"]
+    assert out["failed"] is True and "rollback" in out["msg"]
+    assert "mark_good, present, query" in out["msg"], out["msg"]
     out = call({"root": lab.root})
     assert out["failed"] is True and "release" in out["msg"]
+    assert not os.path.lexists(os.path.join(lab.root, "current"))
+    lab.switch(rid)
+    out = call({"root": lab.root, "state": "query"})
+    assert out["current"] == rid and out["releases"] == [rid]
     assert stat.S_ISLNK(os.lstat(os.path.join(lab.root, "current")).st_mode)
 
 
@@ -307,6 +332,10 @@ def test_release_records_its_manifest_and_offers_itself_as_base(lab):
     scan = scan_tree(str(lab.tmp / "src-v1"))
     assert marker["manifest"] == manifest_items(scan.entries)
     r2, _ignored = lab.build("v2")
+    # the base of a delta is the release current points at: none yet
+    answer = lab.run(release=r2)
+    assert answer["needs_archive"] is True and answer["base"] is None and answer["have"] == []
+    lab.switch(r1)
     answer = lab.run(release=r2)
     assert answer["needs_archive"] is True and answer["base"] == r1 and answer["changed"] is False
     assert answer["have"] == sorted(set(e.payload for e in scan.entries if e.kind == "f"))
@@ -314,12 +343,14 @@ def test_release_records_its_manifest_and_offers_itself_as_base(lab):
 
 def test_delta_install_reuses_base_files_byte_and_mode_exact(lab):
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     r2, _ignored = lab.build("v2")
     answer = lab.run(release=r2)
     rid, delta = lab.build_delta("v2", answer["have"], change=_chmod_init)
     before = lab.snapshot()
     result = lab.run(release=rid, archive=delta, base=answer["base"])
-    assert result["changed"] and result["transferred"] and result["switched"]
+    assert result["changed"] and result["transferred"] and "switched" not in result
+    assert result["current"] == r1 and lab.current() == "releases/" + r1
     assert result["delta"] is True and result["base"] == r1
     assert result["sent_files"] == 1 and result["reused_files"] == 2  # trainer.py sent
     # run.sh (same mode) linked to the base's inode, pkg/__init__.py (other mode) copied
@@ -336,11 +367,13 @@ def test_delta_install_reuses_base_files_byte_and_mode_exact(lab):
     # the base is untouched and the new release records its own manifest (a base for the next)
     assert {k: v for k, v in lab.snapshot().items() if k.startswith("releases/" + r1)} == \
         {k: v for k, v in before.items() if k.startswith("releases/" + r1)}
+    lab.switch(rid)
     assert lab.run(release=lab.build("v3")[0])["base"] == rid
 
 
 def test_delta_with_a_tampered_base_file_is_refused(lab):
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     path = os.path.join(lab.root, "releases", r1, "run.sh")
     data = open(path, "rb").read()
     with open(path, "wb") as f:
@@ -358,7 +391,9 @@ def test_delta_with_a_tampered_base_file_is_refused(lab):
 
 def test_delta_on_a_vanished_or_manifestless_base_asks_for_the_full_archive(lab):
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     answer = lab.run(release=lab.build("v2")[0])
+    assert answer["base"] == r1 and answer["have"]
     rid, delta = lab.build_delta("v2", answer["have"])
     os.rename(os.path.join(lab.root, "releases", r1), os.path.join(lab.root, "gone"))
     with pytest.raises(mod.ReleaseModuleError, match="not a complete release") as info:
@@ -383,6 +418,7 @@ def test_delta_on_a_vanished_or_manifestless_base_asks_for_the_full_archive(lab)
 
 def test_delta_archive_for_other_content_is_refused(lab):
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     answer = lab.run(release=lab.build("v2")[0])
     _ignored, delta3 = lab.build_delta("v3", answer["have"])
     r2, _ignored = lab.build("v2")
@@ -401,11 +437,14 @@ def test_base_needs_an_archive_and_a_valid_id(lab):
 
 def test_pruning_the_base_leaves_a_linked_release_complete_and_verified(lab):
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     answer = lab.run(release=lab.build("v2")[0])
     rid, delta = lab.build_delta("v2", answer["have"])
     result = lab.run(release=rid, archive=delta, base=r1, keep=1)
+    # r1 is what current points at: kept although keep=1
     assert result["linked_files"] == 2 and result["copied_files"] == 0 and result["pruned"] == []
-    result = lab.run(release=rid, keep=1)  # the next deploy: r1 is no longer what current pointed at
+    lab.switch(rid)
+    result = lab.run(release=rid, keep=1)  # the next deploy: r1 is no longer what current points at
     assert result["pruned"] == [r1]
     new = os.path.join(lab.root, "releases", rid)
     assert not os.path.exists(os.path.join(lab.root, "releases", r1))
@@ -418,11 +457,13 @@ def test_pruning_the_base_leaves_a_linked_release_complete_and_verified(lab):
 def test_query_verify_finds_an_in_place_edit_shared_by_linked_releases(lab):
     assert lab.run(state="query", verify=True)["verified"] is None  # nothing deployed yet
     r1, _ignored = lab.deploy("v1")
+    lab.switch(r1)
     q = lab.run(state="query")
     assert "verified" not in q and "mismatches" not in q  # plain query reads no file
     answer = lab.run(release=lab.build("v2")[0])
     rid, delta = lab.build_delta("v2", answer["have"])
-    lab.run(release=rid, archive=delta, base=r1)
+    assert lab.run(release=rid, archive=delta, base=r1)["linked_files"] == 2
+    lab.switch(rid)  # query verifies the release current points at
     assert lab.run(state="query", verify=True)["verified"] is True
     # the limit of hard links: editing a file of one release in place edits the other too
     with open(os.path.join(lab.root, "releases", r1, "run.sh"), "a") as f:
@@ -446,7 +487,8 @@ def test_inline_archive_installs_and_leaves_no_upload_behind(lab):
     with open(archive, "rb") as fh:
         inline = base64.b64encode(fh.read()).decode("ascii")
     result = lab.run(release=rid, archive_b64=inline)
-    assert result["transferred"] is True and lab.current() == "releases/" + rid
+    assert result["transferred"] is True and lab.complete(rid)
+    assert result["current"] is None and lab.current() is None
     assert not [n for n in os.listdir(lab.root) if n.startswith(".upload-")]
 
 

@@ -21,7 +21,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     poll_until,
     waiting,
 )
-from ansible_collections.dflash.trainer.plugins.modules import trainer_restart, trainer_status
+from ansible_collections.dflash.trainer.plugins.module_utils import _status
+from ansible_collections.dflash.trainer.plugins.modules import trainer_begin, trainer_restart
 
 
 class Clock(object):
@@ -246,27 +247,27 @@ def test_status_waits_for_an_interrupted_plays_job_then_says_what_it_did(tmp_pat
     path = str(tmp_path / "restart.json")
     job = dict(job_id="j1", phase="proving", pid=1, owner="alice", started_at="t")
     job_state(path, **job)
-    monkeypatch.setattr(trainer_status, "job_alive", lambda state: not state.get("done"))
+    monkeypatch.setattr(trainer_begin, "job_alive", lambda state: not state.get("done"))
     clock = Clock()
-    words = trainer_status.wait_for_job(path, job, 0, clock=clock, sleep=clock.sleep)
-    assert words == "waited for " + trainer_status.outcome_words(job) and clock.slept == []
+    words = trainer_begin.wait_for_job(path, job, 0, clock=clock, sleep=clock.sleep)
+    assert words == "waited for " + trainer_begin.outcome_words(job) and clock.slept == []
 
     def finish(t):
         if t >= 102:
             job_state(path, **dict(job, done=True, result={"ok": True, "msg": "proved"}))
     clock.on_sleep = finish
-    words = trainer_status.wait_for_job(path, job, 1800, clock=clock, sleep=clock.sleep)
-    assert clock.slept == [0.5] * 4 and words == "waited for " + trainer_status.outcome_words(
+    words = trainer_begin.wait_for_job(path, job, 1800, clock=clock, sleep=clock.sleep)
+    assert clock.slept == [0.5] * 4 and words == "waited for " + trainer_begin.outcome_words(
         json.load(open(path)))
-    assert trainer_status.job_over("j1")(({"job_id": "j2"}, True), 0).state == DONE  # another job on record
+    assert _status.job_over("j1")(({"job_id": "j2"}, True), 0).state == DONE  # another job on record
 
 
 def test_the_watch_after_the_proof_ends_when_the_unit_cannot_be_read():
     clock = Clock()
     running = {"ActiveState": "active", "SubState": "running", "InvocationID": "a", "MainPID": "5"}
-    props, seconds = trainer_status.watch(lambda: (1, "", "bus error"), running, 30, clock=clock, sleep=clock.sleep)
+    props, seconds = _status.watch(lambda: (1, "", "bus error"), running, 30, clock=clock, sleep=clock.sleep)
     assert props is running and seconds == 1.0
-    props, seconds = trainer_status.watch(lambda: (1, "", ""), running, 0, clock=clock, sleep=clock.sleep)
+    props, seconds = _status.watch(lambda: (1, "", ""), running, 0, clock=clock, sleep=clock.sleep)
     assert props is running and seconds == 0.0 and clock.slept == [1]
 
 

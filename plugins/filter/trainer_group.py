@@ -1,0 +1,45 @@
+"""The trainer_group filter: a trainer group's barriers, plan and verdict, judged from what every member
+registered (module_utils/_group.py, pure and tested), so the role's group flow stays a `when:` on a field."""
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dflash.trainer.plugins.module_utils._group import barrier, group_plan, not_whole, verdict
+
+KINDS = ("whole", "barrier", "plan", "verdict")
+
+
+def _read(members, hostvars, var):
+    out = {}
+    for m in members:
+        try:
+            value = hostvars[m].get(var)
+        except KeyError:
+            continue
+        out[m] = value if isinstance(value, dict) else {}
+    return out
+
+
+def trainer_group(members, kind, hostvars, var, what="", in_run=None):
+    """``kind`` whole: is every member in this run (``var``: the group's name, ``in_run``: the play's hosts);
+    barrier: did every member pass the phase registered as ``var`` (``what`` names it; ``in_run``:
+    the hosts still in the play, ansible_play_hosts);
+    plan: the group's plan from every member's first read (``var``: its registered result; ``what``: the
+    group's name; ``in_run``: the hosts of this run); verdict: was every member's job (``var``) proved."""
+    if kind not in KINDS:
+        raise AnsibleFilterError("trainer_group: kind must be one of %s, not %r" % (", ".join(KINDS), kind))
+    members = list(members or [])
+    if not members:
+        raise AnsibleFilterError("trainer_group: the group has no members (is trainer_group an inventory group?)")
+    if kind == "whole":  # (var: the group's name) -> dict(refused)
+        return dict(refused=not_whole(var, members, list(in_run or [])))
+    results = _read(members, hostvars, var)
+    if kind == "barrier":
+        return barrier(members, results, what or var, alive=None if in_run is None else list(in_run))
+    if kind == "verdict":
+        return verdict(members, results)
+    return group_plan(what, members, dict((m, (results.get(m) or {}).get("plan") or {}) for m in members),
+                      list(in_run or []))
+
+
+class FilterModule:
+    def filters(self):
+        return {"trainer_group": trainer_group}

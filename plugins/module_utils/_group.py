@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A trainer group: the hosts of one distributed job, restarted, proved and rolled back as one.
+
+The role's group flow (roles/trainer/tasks/group.yml) runs every member in one batch of one play;
+each phase is one task on every member at once (Ansible's linear strategy runs a task on every host
+before the next), registered, and a barrier after it: these pure functions judge, from what every
+member registered, whether the group may go on (``barrier``), what the group does (``group_plan``:
+made once from every member's own plan) and whether the group's restart was proved (``verdict``).
+Every member computes the same answer from the same registered results, so no host coordinates.
+"""
+
+
+def _failure(result):
+    """Why a registered task result failed, in words; None when it succeeded (or was skipped)."""
+    if not isinstance(result, dict) or not result:
+        return "did not reach this phase"
+    if result.get("unreachable"):
+        return "unreachable: %s" % (result.get("msg") or "no answer")
+    if result.get("failed"):
+        return (result.get("msg") or "failed").splitlines()[0]
+    return None
+
+
+def barrier(members, results, phase, alive=None):
+    """Whether every member of the group passed ``phase`` -> dict(failed, words, members): ``results``
+    maps each member to what it registered for the phase (a skipped task counts as passed); ``alive``:
+    the hosts still in the play (a member that failed or was unreachable at any task has left it)."""
+    failures = []
+    for m in members:
+        why = "not in this run" if m not in results else _failure(results.get(m))
+        if why is None and alive is not None and m not in alive:
+            why = "left the run (a task failed or it became unreachable)"
+        if why:
+            failures.append("%s: %s" % (m, why))
+    words = ("trainer group: every member passed %s" % phase if not failures else
+             "trainer group: %s failed on %d of %d members - %s" % (phase, len(failures), len(members),
+                                                                   "; ".join(failures)))
+    return dict(failed=bool(failures), words=words, members=[f.split(":")[0] for f in failures])
+
+
+def not_whole(name, members, in_run):
+    """Why the group cannot be deployed in this run (a member outside it: --limit, or unreachable at the
+    start); None when every member is in it."""
+    outside = [m for m in members if m not in in_run]
+    if not outside:
+        return None
+    return ("trainer group %s is deployed as one: %s %s not in this run (--limit, or unreachable); "
+            "run it on the whole group (-l %s); nothing was changed"
+            % (name, ", ".join(outside), "is" if len(outside) == 1 else "are", name))
+
+
+def group_plan(name, members, plans, in_run):
+    """The group's plan from every member's own (``plans``: member -> trainer_begin's plan) ->
+    dict(name, members, restart, reasons (member -> its reasons), release, rollback_release, refused,
+    no_op, upload (members that need the release sent)).
+
+    A member's plan never restarts one member alone: the group restarts when any member must (a
+    changed file, a dead rank, mixed releases), on one release; it is refused when a member is not
+    in this run (a group is deployed whole) or the members would run different releases. The release
+    to go back to is the last good release every member agrees on (none - the group is stopped)."""
+    plan = dict(name=name, members=list(members), restart=False, reasons={}, release=None, rollback_release=None,
+                refused=None, no_op=False, upload=[])
+    plan["refused"] = not_whole(name, members, in_run)
+    if plan["refused"]:
+        return plan
+    releases = sorted(set(str(plans[m].get("release")) for m in members))
+    if len(releases) != 1:
+        plan["refused"] = ("trainer group %s: the members would run different releases (%s); give every member "
+                           "the same trainer_src; nothing was changed" % (name, ", ".join(releases)))
+        return plan
+    plan["release"] = releases[0]
+    currents = set(plans[m].get("current") for m in members)
+    mixed = ["the members run different releases (%s)" % ", ".join(sorted(str(c) for c in currents))] \
+        if len(currents) > 1 else []
+    for m in members:
+        reasons = list(plans[m].get("reasons") or [])
+        if plans[m].get("install") and not reasons:
+            reasons.append("install changes")
+        if reasons or mixed:
+            plan["reasons"][m] = reasons + mixed
+    plan["restart"] = bool(plan["reasons"])
+    plan["no_op"] = not plan["restart"]
+    plan["upload"] = [m for m in members if plans[m].get("upload")]
+    last_goods = set(plans[m].get("last_good") for m in members)
+    plan["rollback_release"] = last_goods.pop() if len(last_goods) == 1 else None
+    return plan
+
+
+def reasons_words(plan):
+    """The group's restart reasons, one line per member."""
+    return ["%s: %s" % (m, "; ".join(r)) for m, r in sorted(plan.get("reasons", {}).items())]
+
+
+def verdict(members, jobs):
+    """Whether the group's restart was proved: every member's job ended proved (``jobs``: member ->
+    the job's outcome as trainer_restart returned it) -> dict(ok, words, failed)."""
+    failed = []
+    for m in members:
+        job = jobs.get(m) or {}
+        result = job.get("result") or {}
+        if not result.get("ok"):
+            why = result.get("msg") or job.get("msg") or _failure(job) or "the job did not finish"
+            failed.append("%s: %s" % (m, str(why).splitlines()[0]))
+    if failed:
+        return dict(ok=False, failed=[f.split(":")[0] for f in failed],
+                    words="trainer group: %d of %d members failed their proof - %s" % (
+                        len(failed), len(members), "; ".join(failed)))
+    return dict(ok=True, failed=[], words="trainer group: every member (%s) proved" % ", ".join(members))

@@ -1,0 +1,116 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The restart plan: what a run of an entry point does, decided once, on the first read.
+
+``make_plan`` is the only place where a run decides whether the trainer restarts, why, on which
+release, and whether anything is uploaded, pre-flighted or installed. The first read of every
+locked entry point (trainer_begin) computes it on the target from what it read; the role only
+carries it out (``when:`` on a plan field) and the restart job does every change a restart makes.
+Pure: a table of what was read in, the plan out (tests/unit/test_plan.py).
+"""
+
+from ansible_collections.dflash.trainer.plugins.module_utils._install import change_reasons
+
+ENTRIES = ("deploy", "restart", "start", "rollback", "stop")
+
+
+def restart_reasons(before, release, switched=False, install=None, force=False):
+    """Why running ``release`` must restart the trainer -> [reason, ...] in words; empty: leave it
+    running untouched. The deploy restarts when anything it owns changed, when asked to, and whenever
+    the trainer that runs is not the one a proof is on record for.
+
+    ``before``: the first read (running, running_release, last_good, last_job, health);
+    ``switched``: ``release`` is not the release ``current`` points at; ``install``: what the install
+    would change (unit_changed, env_changed, launcher_changed)."""
+    before = before or {}
+    reasons = []
+    if force:
+        reasons.append("forced (trainer_force_restart)")
+    if switched:
+        reasons.append("release switched to %s" % release)
+    reasons.extend(change_reasons(install or {}))
+    if not before.get("running"):
+        return reasons + ["trainer not running"]
+    running_release = before.get("running_release")
+    if running_release != release:
+        return reasons + ["running release %s is not current %s" % (running_release, release)]
+    # "proved" is a recorded fact (last_good), not "running == current": a release switched to by a
+    # restart job that a reboot or a kill interrupted runs unproven until a deploy proves it
+    last_good = before.get("last_good") or None
+    if last_good != release:
+        job = (before.get("last_job") or {}).get("words") or "no restart job on record"
+        return reasons + ["release %s runs without a proof on record (last proved: %s; %s)"
+                          % (release, last_good or "none", job)]
+    # the release was proved, but maybe not this start of it: systemd's Restart= after a death, a
+    # reboot of the container - the same words status fails with
+    health = before.get("health")
+    if isinstance(health, dict) and not health.get("ok"):
+        reasons.append("the running trainer is not the one proved: %s" % (health.get("words") or "no health read"))
+    return reasons
+
+
+def _plan(entry, release, reasons, status, **kw):
+    """The plan's fields: ``restart`` when there are reasons; a restart is always pre-flighted;
+    ``no_op``: nothing at all happens past the first read (its lock is released there)."""
+    restart = bool(reasons) and not kw.get("refused")
+    plan = dict(entry=entry, release=release, restart=restart, reasons=list(reasons) if restart else [],
+                preflight=restart, upload=False, install=False, stop=False, refused=None,
+                current=status.get("current_release"), last_good=status.get("last_good"))
+    plan.update(kw)
+    plan["no_op"] = not (plan["restart"] or plan["upload"] or plan["install"] or plan["stop"] or plan["refused"])
+    return plan
+
+
+def make_plan(intent, status, install=None):
+    """-> the plan (a dict) for ``intent`` (entry: deploy | restart | start | rollback | stop; release: the
+    release a deploy brings, its id computed on the controller; force; rollback_release), given the
+    first read ``status`` (current_release, last_good, releases, running, running_release, health,
+    last_job) and, for a deploy, ``install``: what installing the unit, environment file and launcher
+    would change (compared, nothing written).
+
+    Fields: entry, release (what runs once the plan is carried out), restart, reasons, preflight, stop,
+    upload (a deploy's release is not current: send it), install (the install writes something with no
+    restart due: an enablement change), refused (why nothing may be done - the module fails before any
+    change), no_op (nothing past the first read), current, last_good."""
+    entry = intent.get("entry") or "deploy"
+    if entry not in ENTRIES:
+        raise ValueError("entry must be one of %s, not %r" % (", ".join(ENTRIES), entry))
+    current = status.get("current_release") or None
+    if entry == "deploy":
+        release = intent.get("release")
+        if not release:
+            return _plan(entry, None, [], status, refused="no release id to deploy")
+        install = install or {}
+        reasons = restart_reasons(status, release, switched=current != release, install=install,
+                                  force=bool(intent.get("force")))
+        # the install must still run (and say why it refuses, or enable the unit), though no restart is due
+        install_only = not reasons and bool(install.get("refused") or install.get("enabled_changed"))
+        return _plan(entry, release, reasons, status, upload=current != release, install=install_only)
+    if entry == "stop":  # a deliberate stop, whatever runs (recorded, so status reads it as on purpose)
+        return _plan(entry, current, [], status, stop=True)
+    if entry == "rollback":
+        target = intent.get("rollback_release") or status.get("last_good") or None
+        releases = status.get("releases") or []
+        if not target or target == current or target not in releases:
+            return _plan(entry, target, [], status, refused=(
+                "nothing to roll back to: current is %s, last good is %s; name a release with "
+                "-e trainer_rollback_release=<id> (releases, newest first: %s)"
+                % (current or "none", status.get("last_good") or "none", ", ".join(releases) or "none")))
+        return _plan(entry, target, ["rollback from %s to %s" % (current or "none", target)], status)
+    if not current:
+        return _plan(entry, None, [], status, refused="nothing is deployed: no current release (run a deploy first)")
+    health = status.get("health") or {}
+    if entry == "start":
+        if health.get("ok"):  # left running: a restart is the restart entry point
+            return _plan(entry, current, [], status, words="already runs its proved release: %s" % health.get("words"))
+        return _plan(entry, current, ["start requested (%s)" % (health.get("words") or "state unknown")], status)
+    return _plan(entry, current, ["restart requested"], status)
+
+
+def lock_holder(plan, job_started=None):
+    """Who holds the deploy lock once a call of the run returned: ``play`` (release it at the end),
+    ``job`` (the restart job frees it when it ends) or ``nobody`` (freed already: a no-op)."""
+    if job_started:
+        return "job"
+    return "nobody" if plan and plan.get("no_op") else "play"

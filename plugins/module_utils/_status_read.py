@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The read of the trainer's state that trainer_status (read-only) and trainer_begin (the first read of
+a locked entry point) share: the unit, the running release, this start's log, the releases, the
+health, the last restart job and the GPUs -> the result's fields (secrets not yet masked)."""
+
+import os
+import time
+
+from ansible_collections.dflash.trainer.plugins.module_utils._config_id import installed_config, unit_path_of
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
+    NvidiaSmiError,
+    locate,
+    not_found_message,
+    read_gpus,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._status import (
+    gpu_fields,
+    job_summary,
+    log_fields,
+    read_log,
+    read_log_chunk,
+    read_release_marks,
+    release_fields,
+    release_from_proc,
+    status_health,
+    stopped_on_purpose,
+    unit_fields,
+    wants_log,
+    watch,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, parse_show, runtime_s, show_argv
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
+
+# the read's options, as both modules take them
+READ_OPTIONS = dict(
+    unit=dict(type="str", required=True),
+    trainer_root=dict(type="path"),
+    log_path=dict(type="path"),
+    nvidia_smi=dict(type="str", default="nvidia-smi"),
+    job_state_path=dict(type="path"),
+    env_file=dict(type="path"),
+)
+
+
+def read_status(module, p, run, systemctl):
+    """Read everything ``p`` asks for (the modules' options) -> the result's fields."""
+    def show():
+        return run.or_fail(show_argv(p["unit"], systemctl=systemctl))
+
+    rc, out, err = show()
+    if rc != 0:
+        module.fail_json(msg="Unable to read unit %s: %s" % (p["unit"], (err or out).strip()))
+    props, watched = parse_show(out), None
+    if p.get("watch_s", 0) > 0 and is_running(props):
+        props, watched = watch(show, props, p["watch_s"])
+    running, main_pid, invocation = is_running(props), int_prop(props, "MainPID", 0), props.get("InvocationID", "")
+    seconds = runtime_s(props, now_monotonic_s=time.monotonic() if running else None)
+    result = unit_fields(props, seconds, release_from_proc(main_pid) if running and main_pid > 0 else None)
+    if p["log_path"]:
+        follower = where = None
+        if invocation and os.path.exists(p["log_path"]):
+            try:
+                follower, where = read_log(p["log_path"], invocation)
+            except (IOError, OSError) as e:
+                module.warn("Unable to read log %s: %s" % (p["log_path"], e))
+        result.update(log_fields(follower, where, running, result["running_release"]))
+    if wants_log(p):
+        result["log"] = read_log_chunk(p, invocation)
+    if watched is not None:
+        result["watched_s"] = watched
+    if p["trainer_root"]:
+        result.update(release_fields(*read_release_marks(p["trainer_root"]), running_release=result["running_release"]))
+        ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
+        # a deliberate stop on record (trainer_restart state=stop) that still holds: not running is no failure
+        stopped = stopped_on_purpose(read_state(p["job_state_path"]), props) if p["job_state_path"] else None
+        result["health"] = status_health(ledger, result, seconds, time.time(), stopped=stopped)
+        # (the environment file is part of the configuration: without O(env_file) it is unknown)
+        result["config"] = installed_config(p["trainer_root"], result.get("fragment_path") or unit_path_of(p["unit"]),
+                                            p["env_file"])[0] if p["env_file"] else None
+        if p.get("history", 0) > 0:
+            result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
+                                             p["history"], running_config=result["config"])
+    if p["job_state_path"]:
+        job = read_state(p["job_state_path"])
+        result["last_job"] = job_summary(job, job_alive(job))
+    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
+    if nvidia_smi is None:
+        result["gpu_error"] = not_found_message(p["nvidia_smi"])
+    else:
+        try:
+            result.update(gpu_fields(read_gpus(run, nvidia_smi, processes=False)[0]))
+        except NvidiaSmiError as e:
+            result["gpu_error"] = str(e)
+    return result

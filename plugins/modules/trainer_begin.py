@@ -1,0 +1,281 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: trainer_begin
+short_description: Take the deploy lock, read the trainer's state and make the run's plan, in one call
+version_added: "0.1.0"
+description:
+  - The first call of every locked entry point (deploy, restart, start, rollback, stop). It judges every path the
+    run may write (O(owned)), takes the deploy lock (O(lock)), reads what M(dflash.trainer.trainer_status)
+    reads, compares what a deploy would install (O(install), nothing written) and returns the run's plan
+    (RV(plan)) - made once, here, by one pure function - which the role and the restart job carry out.
+  - A plan that does nothing past this call (RV(plan.no_op)) or that refuses (RV(plan.refused)) releases the
+    lock in this call; RV(lock_holder) says who holds the lock when the call returns.
+  - A restart job of an interrupted earlier run that holds the lock is waited for (O(lock.job_wait_s)), and
+    the plan is made from what it left.
+extends_documentation_fragment:
+  - dflash.trainer.install_files
+options:
+  intent:
+    description: What the run was asked to do.
+    type: dict
+    required: true
+    suboptions:
+      entry:
+        description: The entry point.
+        type: str
+        choices: [deploy, restart, start, rollback, stop]
+        required: true
+      release:
+        description: With O(intent.entry=deploy), the id of the release the deploy brings (computed on the controller).
+        type: str
+      force:
+        description: With O(intent.entry=deploy), restart even when nothing changed.
+        type: bool
+        default: false
+      rollback_release:
+        description: With O(intent.entry=rollback), the release to go back to (default - the last good one).
+        type: str
+      hold:
+        description: Keep the lock even when the plan does nothing past this call (a member of a trainer group, whose
+          play decides for the whole group).
+        type: bool
+        default: false
+  unit:
+    description: The trainer's systemd unit.
+    type: str
+    required: true
+  trainer_root:
+    description: Directory holding C(releases/), the C(current) symlink and C(last_good).
+    type: path
+  log_path:
+    description: The trainer's log file (with the launcher's marker lines).
+    type: path
+  job_state_path:
+    description: The restart job's state file.
+    type: path
+  env_file:
+    description: The trainer's environment file; its values are secrets, replaced by C(***) in what is returned.
+    type: path
+  nvidia_smi:
+    description: Name (looked up in E(PATH)) or absolute path of nvidia-smi.
+    type: str
+    default: nvidia-smi
+  owned:
+    description:
+      - Every file the run writes and the directory it purges (C(variable), C(kind), C(path)), as
+        P(dflash.trainer.trainer_validate#module) returns them; each must be absent or the collection's, in
+        directories only root may write - else the module fails before the lock is taken, with RV(problems).
+    type: list
+    elements: dict
+    default: []
+  lock:
+    description: The deploy lock, as P(dflash.trainer.trainer_lock#module) takes it. Omitted in check mode.
+    type: dict
+    suboptions:
+      path:
+        description: The lock file.
+        type: path
+        required: true
+      token:
+        description: This play's token.
+        type: str
+        required: true
+      owner:
+        description: Who holds it, in words.
+        type: str
+        default: unknown
+      stale_s:
+        description: A lock without a lease older than this is taken over.
+        type: int
+        default: 3600
+      lease_s:
+        description: The lease (seconds).
+        type: int
+      wait_s:
+        description: Seconds to wait for a live holder.
+        type: float
+        default: 0
+      job_wait_s:
+        description: How long to wait for a running restart job that holds the lock.
+        type: float
+        default: 1800
+attributes:
+  check_mode:
+    support: full
+    description: Takes no lock and changes nothing in check mode; the plan says what would be done.
+  diff_mode:
+    support: partial
+    description: With O(install), the files it would change (the environment file's values masked).
+author:
+  - dflash.trainer maintainers (@dflash)
+"""
+EXAMPLES = r"""
+- name: Take the lock and plan the deploy of a release
+  dflash.trainer.trainer_begin:
+    intent: {entry: deploy, release: 0123456789abcdef}
+    unit: dflash-trainer
+    trainer_root: /opt/dflash-trainer
+    lock: {path: /run/dflash-trainer.deploy.lock, token: "{{ token }}"}
+  register: __trainer_begin
+"""
+RETURN = r"""
+plan:
+  description:
+    - The run's plan - V(entry), V(release) (what runs once it is carried out), V(restart), V(reasons), V(preflight),
+      V(upload) (the release is not C(current) - send it), V(install) (files to install with no restart due),
+      V(refused) (why nothing may be done), V(no_op) (nothing past this call), V(current), V(last_good).
+  returned: success, or failure with RV(plan.refused)
+  type: dict
+lock_holder:
+  description: Who holds the deploy lock now - V(play) (this run releases it at its end) or V(nobody).
+  returned: always
+  type: str
+install:
+  description: What O(install) would change (compared, nothing written).
+  returned: when O(install) is given
+  type: dict
+problems:
+  description: What O(owned) refused, one line per variable.
+  returned: when a path of O(owned) is refused
+  type: list
+  elements: str
+lock:
+  description: What taking the lock did - V(action), V(msg), V(previous_owner), V(attached), V(released).
+  returned: when the lock was taken
+  type: dict
+lock_refused:
+  description: V(true) when the lock was not taken (the module then fails).
+  returned: failure
+  type: bool
+current_release:
+  description: The release C(current) points at; every field M(dflash.trainer.trainer_status) returns is returned too.
+  returned: when O(trainer_root) is given
+  type: str
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.trainer.plugins.module_utils._install import (
+    ENV_CONTENT_OPTION,
+    INSTALL_SUBOPTIONS,
+    InstallError,
+    install_all,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
+from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, make_plan
+from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import order_newest_first
+from ansible_collections.dflash.trainer.plugins.module_utils._release_root import list_releases
+from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
+from ansible_collections.dflash.trainer.plugins.module_utils._status import (
+    job_over,
+    lock_holder_job,
+    lock_refusal,
+    lock_taken,
+    ownership_problems,
+    refusal_message,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._status_read import READ_OPTIONS, read_status
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
+
+
+def take_lock(module, lk, state_path):
+    """Take the deploy lock (O(lock)) -> RV(lock); fail the module when it is not taken. A restart
+    job of an earlier (interrupted) play that holds it is waited for (O(lock.job_wait_s)) first."""
+    out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                          wait_s=lk["wait_s"])
+    attached = None
+    job = lock_holder_job(out, read_state(state_path), job_alive) if state_path and not out.ok else None
+    if job is not None:
+        attached = wait_for_job(state_path, job, lk["job_wait_s"])
+        out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                              wait_s=max(lk["wait_s"], 5))
+    if not out.ok:
+        module.fail_json(lock_holder="nobody", **lock_refusal(out))
+    return lock_taken(out, attached)
+
+
+def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
+    """Wait (bounded) until the restart job ``job`` (its state, found running) has ended -> words
+    for what it did."""
+    out = poll_until(lambda: observe_job(state_path, alive=job_alive), job_over(job.get("job_id")), wait_s, 0.5,
+                     clock=clock, sleep=sleep, first=(job, True))
+    return "waited for %s" % outcome_words(out.snapshot[0])
+
+
+def compare_install(module, run, systemctl):
+    """What O(install) would change (compared, nothing written); a refusal is said, not raised."""
+    p = module.params
+    try:
+        found = install_all(dict(p["install"], env_content=p["env_content"] or ""), run, systemctl,
+                            check_mode=True, diff=module._diff)
+    except InstallError as e:  # the deploy's install refuses it too, before any write; say it there
+        return dict(e.result, refused=e.msg), None
+    return found, found.pop("diff", None)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            READ_OPTIONS,
+            intent=dict(type="dict", required=True, options=dict(
+                entry=dict(type="str", choices=list(ENTRIES), required=True),
+                release=dict(type="str"),
+                force=dict(type="bool", default=False),
+                rollback_release=dict(type="str"),
+                hold=dict(type="bool", default=False),
+            )),
+            owned=dict(type="list", elements="dict", default=[]),
+            install=dict(type="dict", options=INSTALL_SUBOPTIONS),
+            env_content=ENV_CONTENT_OPTION,
+            lock=dict(type="dict", options=dict(
+                path=dict(type="path", required=True),
+                token=dict(type="str", required=True, no_log=False),
+                owner=dict(type="str", default="unknown"),
+                stale_s=dict(type="int", default=3600),
+                lease_s=dict(type="int"),
+                wait_s=dict(type="float", default=0),
+                job_wait_s=dict(type="float", default=1800),
+            )),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    refused = ownership_problems(p["owned"])
+    if refused:
+        module.fail_json(msg=refusal_message(refused), problems=refused, lock_refused=True, lock_holder="nobody")
+    taken = take_lock(module, p["lock"], p["job_state_path"]) if p["lock"] and not module.check_mode else None
+    systemctl = module.get_bin_path("systemctl", required=True)
+    run = ModuleRunner(module)  # each command bounded: 30 s
+    result = read_status(module, p, run, systemctl)
+    if p["trainer_root"]:
+        result["releases"] = order_newest_first(list_releases(p["trainer_root"]))
+    if p["install"]:
+        result["install"], diff = compare_install(module, run, systemctl)
+        if diff:  # diff mode: the files the deploy installs, the environment masked
+            result["diff"] = diff
+    plan = result["plan"] = make_plan(p["intent"], result, result.get("install"))
+    result["lock_holder"] = "play" if taken is not None else "nobody"
+    if taken is not None:
+        result["lock"] = taken
+        if plan["refused"] or plan["no_op"] and not p["intent"]["hold"]:  # nothing past this call: freed here
+            freed = release(p["lock"]["path"], p["lock"]["token"])
+            taken["released"] = bool(freed.ok)
+            result["lock_holder"] = "nobody" if freed.ok else "play"
+    result = mask(result, read_secrets(p["env_file"]))
+    if plan["refused"]:
+        module.fail_json(msg=plan["refused"], **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

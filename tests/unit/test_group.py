@@ -1,0 +1,91 @@
+"""A trainer group's barriers, plan and verdict (module_utils/_group.py), judged from what every member
+registered, and the filter the role calls them through."""
+import pytest
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group
+from ansible_collections.dflash.trainer.plugins.module_utils._group import barrier, group_plan, verdict
+
+M = ["g0", "g1"]
+
+
+def plan(**kw):
+    p = dict(release="r2", current="r1", last_good="r1", restart=True, reasons=["release switched to r2"],
+             upload=True, install=False, no_op=False)
+    p.update(kw)
+    return p
+
+
+def test_a_barrier_passes_only_when_every_member_passed():
+    ok = {"changed": True}
+    assert not barrier(M, {"g0": ok, "g1": {"skipped": True}}, "the upload")["failed"]
+    out = barrier(M, {"g0": ok, "g1": {"failed": True, "msg": "no space left\nmore"}}, "the upload")
+    assert out["failed"] and out["members"] == ["g1"] and "g1: no space left" in out["words"]
+    assert "1 of 2" in out["words"] and "more" not in out["words"]
+    assert barrier(M, {"g0": ok, "g1": {}}, "x")["words"].endswith("g1: did not reach this phase")
+    assert "unreachable" in barrier(M, {"g0": ok, "g1": {"unreachable": True, "msg": "ssh"}}, "x")["words"]
+    assert barrier(M, {"g0": ok}, "x")["members"] == ["g1"]
+    left = barrier(M, {"g0": ok, "g1": ok}, "x", alive=["g0"])
+    assert left["failed"] and "g1: left the run" in left["words"]
+
+
+def test_the_group_restarts_as_one_when_any_member_must():
+    one = group_plan("dist", M, {"g0": plan(restart=False, reasons=[], current="r2", upload=False),
+                                 "g1": plan(reasons=["trainer not running"], current="r2", upload=False)}, M)
+    assert one["restart"] and list(one["reasons"]) == ["g1"] and one["release"] == "r2" and one["upload"] == []
+    calm = group_plan("dist", M, dict((m, plan(restart=False, reasons=[], current="r2", upload=False)) for m in M), M)
+    assert calm["no_op"] and not calm["restart"] and calm["rollback_release"] == "r1"
+    mixed = group_plan("dist", M, {"g0": plan(reasons=[], current="r2"), "g1": plan(reasons=[], current="r1")}, M)
+    assert mixed["restart"] and all("different releases" in r[-1] for r in mixed["reasons"].values())
+    install = group_plan("dist", M, {"g0": plan(reasons=[], current="r2", install=True),
+                                     "g1": plan(reasons=[], current="r2")}, M)
+    assert install["reasons"] == {"g0": ["install changes"]}
+
+
+def test_the_group_is_refused_when_incomplete_or_split():
+    out = group_plan("dist", M, {"g0": plan(), "g1": plan()}, ["g0"])
+    assert out["refused"].startswith("trainer group dist is deployed as one: g1 is not in this run")
+    split = group_plan("dist", M, {"g0": plan(), "g1": plan(release="r3")}, M)
+    assert "different releases (r2, r3)" in split["refused"]
+
+
+def test_the_rollback_target_is_the_last_good_every_member_agrees_on():
+    assert group_plan("d", M, {"g0": plan(), "g1": plan(last_good="r0")}, M)["rollback_release"] is None
+    assert group_plan("d", M, {"g0": plan(), "g1": plan()}, M)["rollback_release"] == "r1"
+
+
+def test_the_verdict_needs_every_member_proved():
+    good = {"result": {"ok": True}}
+    assert verdict(M, {"g0": good, "g1": good})["ok"]
+    out = verdict(M, {"g0": good, "g1": {"result": {"ok": False, "msg": "exited 1\nTraceback"}}})
+    assert not out["ok"] and out["failed"] == ["g1"] and "g1: exited 1" in out["words"]
+    assert verdict(M, {"g0": good, "g1": {"failed": True, "msg": "not started"}})["failed"] == ["g1"]
+
+
+def test_the_filter_reads_every_members_registered_result():
+    hostvars = {"g0": {"__r": {"changed": True}}, "g1": {"__r": {"failed": True, "msg": "boom"}}}
+    assert trainer_group(M, "barrier", hostvars, "__r", "the x", ["g0", "g1"])["members"] == ["g1"]
+    begins = {"g0": {"__b": {"plan": plan()}}, "g1": {"__b": {"plan": plan()}}}
+    assert trainer_group(M, "plan", begins, "__b", "dist", M)["release"] == "r2"
+    with pytest.raises(AnsibleFilterError, match="kind must be one of"):
+        trainer_group(M, "vote", hostvars, "__r")
+    with pytest.raises(AnsibleFilterError, match="no members"):
+        trainer_group([], "barrier", hostvars, "__r")
+
+
+def test_a_member_is_deployed_only_with_its_group():
+    from ansible_collections.dflash.trainer.plugins.module_utils._validate import group_problems
+    v = {"trainer_group": "dist", "groups": {"dist": ["g0", "g1"]}, "inventory_hostname": "g1"}
+    assert group_problems(v, "main") == []
+    assert group_problems(dict(v, trainer_group=""), "restart") == []
+    (p,) = group_problems(v, "restart")
+    assert p.variable == "trainer_group" and "a restart of one member is refused" in str(p)
+    assert "deploy.yml -l dist" in str(p)
+    assert "names no inventory group" in str(group_problems(dict(v, trainer_group="nope"), "main")[0])
+    assert "this host is not in" in str(group_problems(dict(v, inventory_hostname="g9"), "main")[0])
+
+
+def test_whole_says_which_member_is_outside_the_run():
+    assert trainer_group(M, "whole", {}, "dist", "", M) == {"refused": None}
+    assert "g1 is not in this run" in trainer_group(M, "whole", {}, "dist", "", ["g0"])["refused"]
