@@ -496,11 +496,12 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import ENV_CONTENT_OPTION, INSTALL_SUBOPTIONS, InstallError
+from ansible_collections.dflash.trainer.plugins.module_utils._install import InstallError
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import PREFLIGHT_SUBOPTIONS, Refused
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import Refused
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import collision
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
     before_start,
     detach,
@@ -514,11 +515,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleR
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
 from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import enable_unit, run_stop
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
-    DEFAULT_READY_REGEX,
-    DEFAULT_STEP_REGEX,
-    DEFAULT_TOKPS_REGEX,
-)
 
 
 def report(module, ok, fields):
@@ -608,59 +604,7 @@ def wait(module, clock=time.monotonic, sleep=time.sleep):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            state=dict(type="str", choices=["start", "run", "wait", "stop", "preflight"], default="start"),
-            job_id=dict(type="str", required=True),
-            state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
-            wait_s=dict(type="float"),
-            preflight=dict(type="dict", options=PREFLIGHT_SUBOPTIONS),
-            environment_json=dict(type="str", default="{}", no_log=True),
-            install=dict(type="dict", options=INSTALL_SUBOPTIONS),
-            env_content=ENV_CONTENT_OPTION,
-            release=dict(type="str"),
-            unit=dict(type="str"),
-            root=dict(type="path"),
-            log_path=dict(type="path"),
-            progress_path=dict(type="path", default=""),
-            purge_dir=dict(type="str", default=""),
-            gpus=dict(type="list", elements="int"),
-            drain_max_mib=dict(type="int", default=1024),
-            gpu_foreign_mib=dict(type="dict", default={}),
-            drain_timeout_s=dict(type="float", default=60),
-            stop_timeout_s=dict(type="float", default=30),
-            min_mib=dict(type="int", default=1024),
-            ready_regex=dict(type="str", default=DEFAULT_READY_REGEX),
-            step_regex=dict(type="str", default=DEFAULT_STEP_REGEX),
-            tokps_regex=dict(type="str", default=DEFAULT_TOKPS_REGEX),
-            error_regexes=dict(type="list", elements="str", default=[]),
-            min_steps=dict(type="int", default=2),
-            hold_s=dict(type="float", default=10),
-            stall_s=dict(type="float", default=5),
-            timeout_s=dict(type="float", default=300),
-            interval_s=dict(type="float", default=0.5),
-            tail_lines=dict(type="int", default=20),
-            nvidia_smi=dict(type="str", default="nvidia-smi"),
-            rollback=dict(type="bool", default=True),
-            mark_good=dict(type="bool", default=True),
-            keep_lock=dict(type="bool", default=False),
-            reasons=dict(type="list", elements="str", default=[]),
-            owner=dict(type="str", default="unknown"),
-            lock_path=dict(type="str", default=""),
-            lock_token=dict(type="str", default="", no_log=False),
-            lock_lease_s=dict(type="int", default=30),
-            measure_s=dict(type="float"),
-            measure_regexes=dict(type="dict", default={}),
-            min_tokps_ratio=dict(type="float", default=0),
-            source=dict(type="str", default=""),
-            env_file=dict(type="path"),
-            unit_path=dict(type="path"),
-            launcher_path=dict(type="path"),
-            disable=dict(type="bool", default=False),
-            enable=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=RESTART_OPTIONS, supports_check_mode=True)
     if module.params["wait_s"] is None:
         module.params["wait_s"] = 30 if module.params["state"] == "wait" else 0
     if module.params["state"] == "wait":
