@@ -460,3 +460,10 @@ def test_every_module_default_the_docs_state_is_the_modules():
 def test_a_wrong_module_default_fails(doc_text, problem):
     found = module_default_problems(doc_text, _spec_of, role_defaults())
     assert any(problem in p for p in found), found
+
+
+def test_the_readme_stays_the_users_and_short():
+    """The README is for users of the collection: at most 250 lines (the lab, development and figures live in docs/)."""
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        lines = fh.read().splitlines()
+    assert len(lines) <= 250, len(lines)
