@@ -200,7 +200,9 @@ def breakdown(runs):
         for name, total in seen.items():
             per.setdefault(name, []).append(total)
     tasks = [(name, statistics.median(per[name]), len(per[name])) for name in order]
-    med = lambda key: statistics.median([r[key] for r in runs])  # noqa: E731
+
+    def med(key):
+        return statistics.median([r[key] for r in runs])
     return {"tasks": [{"name": n, "median_s": round(s, 3), "runs": k} for n, s, k in tasks],
             "startup_s": round(med("startup_s"), 3), "exit_s": round(med("exit_s"), 3),
             "tasks_sum_s": round(med("tasks_sum_s"), 3), "gaps_s": round(med("gaps_s"), 3),
@@ -249,9 +251,9 @@ def run_case(case, n, inv, reps, forks, src):
                "machine_busy": facts["machine_busy"], "load1_before": facts["load1_before"]}
         runs.append(run)
         log("%s: forced restart %d/%d: %.2f s (tasks %.2f s, start-up %.2f s, exit %.2f s, controller CPU %.1f s, "
-            "machine busy %.0f %%, load %.1f)" % (case, rep + 1, reps, wall, tasks_sum, run["startup_s"], run["exit_s"],
-                                                 facts["controller_cpu_s"], 100 * facts["machine_busy"],
-                                                 facts["load1_before"]))
+            "machine busy %.0f %%, load %.1f)" % (
+                case, rep + 1, reps, wall, tasks_sum, run["startup_s"], run["exit_s"], facts["controller_cpu_s"],
+                100 * facts["machine_busy"], facts["load1_before"]))
     walls = [r["wall_s"] for r in runs]
     return {"case": case, "hosts": list(CTS[:n]), "first_deploy_s": first, "summary": bl.summary(walls),
             "breakdown": breakdown(runs), "runs": runs}

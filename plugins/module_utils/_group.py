@@ -34,9 +34,11 @@ def barrier(members, results, phase, alive=None):
             why = "left the run (a task failed or it became unreachable)"
         if why:
             failures.append("%s: %s" % (m, why))
-    words = ("trainer group: every member passed %s" % phase if not failures else
-             "trainer group: %s failed on %d of %d members - %s" % (phase, len(failures), len(members),
-                                                                   "; ".join(failures)))
+    if failures:
+        words = "trainer group: %s failed on %d of %d members - %s" % (
+            phase, len(failures), len(members), "; ".join(failures))
+    else:
+        words = "trainer group: every member passed %s" % phase
     return dict(failed=bool(failures), words=words, members=[f.split(":")[0] for f in failures])
 
 

@@ -18,7 +18,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_prune impo
     order_newest_first,
     plan_prune,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import MARKER_NAME
 from ansible_collections.dflash.trainer.plugins.module_utils._release_install import (
     _is_fifo,
     install_release,
@@ -27,14 +26,12 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_install im
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     delete_release,
     delta_base,
-    _ID_RE,
     is_complete,
     list_releases,
     _Lock,
     read_current,
     read_last_good,
     read_manifest,
-    release_path,
     ReleaseModuleError,
     releases_dir,
     remove_path,

@@ -14,7 +14,7 @@ description:
     run may write (O(owned)), takes the deploy lock (O(lock)), reads what M(dflash.trainer.trainer_status)
     reads, compares what a deploy would install (O(install), nothing written) and returns the run's plan
     (RV(plan)) - made once, here, by one pure function - which the role and the restart job carry out.
-  - A plan that does nothing past this call (RV(plan.no_op)) or that refuses (RV(plan.refused)) releases the
+  - A plan that does nothing past this call (its V(no_op)) or that refuses (its V(refused)) releases the
     lock in this call; RV(lock_holder) says who holds the lock when the call returns.
   - A restart job of an interrupted earlier run that holds the lock is waited for (O(lock.job_wait_s)), and
     the plan is made from what it left.
@@ -130,7 +130,7 @@ plan:
     - The run's plan - V(entry), V(release) (what runs once it is carried out), V(restart), V(reasons), V(preflight),
       V(upload) (the release is not C(current) - send it), V(install) (files to install with no restart due),
       V(refused) (why nothing may be done), V(no_op) (nothing past this call), V(current), V(last_good).
-  returned: success, or failure with RV(plan.refused)
+  returned: success, or failure when the plan refuses
   type: dict
 lock_holder:
   description: Who holds the deploy lock now - V(play) (this run releases it at its end) or V(nobody).

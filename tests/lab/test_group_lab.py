@@ -201,7 +201,7 @@ def test_a_second_deploy_of_the_group_while_one_runs_is_refused_or_waits(lab, pr
         refused = second.returncode != 0 and "lock" in second.out
         waited = second.returncode == 0 and "left running: release" in second.out
         assert refused or waited, second.out[-3000:]
-        out, _ = proc.communicate(timeout=300)
+        out, _err = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
     finally:
         if proc.poll() is None:

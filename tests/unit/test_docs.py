@@ -189,8 +189,8 @@ def formula_problems(doc_text, defaults):
         names, nums = m.groups()[:3], [int(x) for x in m.groups()[3:]]
         truth = [defaults[n] for n in names]
         if nums[:3] != truth or nums[3] != truth[0] * (truth[1] + truth[2]):
-            out.append("%r: the defaults give %s × (%s + %s) = %s" % (m.group(0), truth[0], truth[1], truth[2],
-                                                                       truth[0] * (truth[1] + truth[2])))
+            out.append("%r: the defaults give %s × (%s + %s) = %s" % (
+                m.group(0), truth[0], truth[1], truth[2], truth[0] * (truth[1] + truth[2])))
     return out
 
 
@@ -202,7 +202,7 @@ def test_every_default_the_docs_state_is_the_roles(doc):
 
 def test_the_docs_state_defaults_the_test_reads():
     claims = [c for doc in DOCS for c in stated_defaults(text(doc))]
-    names = {v for v, _ in claims}
+    names = {v for v, _value in claims}
     assert {"trainer_ready_timeout_s", "trainer_stop_disable", "trainer_gpus", "trainer_lock_lease_s",
             "trainer_log_max_mib", "trainer_lock_wait_s", "trainer_error_regexes"} <= names, sorted(names)
     assert not any(v == "trainer_ready_interval_s" and s.startswith("0.05") for v, s in claims)  # a range
@@ -356,7 +356,7 @@ def lab_counts(source=None):
               for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
     out = {}
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
-        case = next((c for c, (name_re, _) in CASES.items() if re.search(name_re, fn.name)), None)
+        case = next((c for c, (name_re, _why) in CASES.items() if re.search(name_re, fn.name)), None)
         for node in ast.walk(fn):
             if not isinstance(node, ast.Compare):
                 continue
@@ -426,8 +426,8 @@ def module_default_problems(doc_text, spec_of, defaults):
         spec = spec_of(m.group(1))
         for opt, value in re.findall(r"`(\w+)` (%s)" % NUMBER, m.group(2)):
             if spec is not None and opt in spec and float(spec[opt].get("default") or 0) != float(value):
-                out.append("%s's %s: stated default %s, the module has %r" % (m.group(1), opt, value,
-                                                                               spec[opt].get("default")))
+                out.append("%s's %s: stated default %s, the module has %r" % (
+                    m.group(1), opt, value, spec[opt].get("default")))
     for m in re.finditer(r"`(\w+)`'s `(\w+)` and `(\w+)` are `(trainer_\w+)` and `(trainer_\w+)`", body):
         spec = spec_of(m.group(1))
         for opt, var in ((m.group(2), m.group(4)), (m.group(3), m.group(5))):
