@@ -33,13 +33,18 @@ def barrier(members, results, phase, alive=None):
         if why is None and alive is not None and m not in alive:
             why = "left the run (a task failed or it became unreachable)"
         if why:
-            failures.append("%s: %s" % (m, why))
+            failures.append((m, why))
     if failures:
         words = "trainer group: %s failed on %d of %d members - %s" % (
-            phase, len(failures), len(members), "; ".join(failures))
+            phase, len(failures), len(members), _listed(failures))
     else:
         words = "trainer group: every member passed %s" % phase
-    return dict(failed=bool(failures), words=words, members=[f.split(":")[0] for f in failures])
+    return dict(failed=bool(failures), words=words, members=[m for m, _why in failures])
+
+
+def _listed(failures):
+    """(member, why) pairs in words: ``m1: why; m2: why``."""
+    return "; ".join("%s: %s" % pair for pair in failures)
 
 
 def not_whole(name, members, in_run):
@@ -104,9 +109,9 @@ def verdict(members, jobs):
         result = job.get("result") or {}
         if not result.get("ok"):
             why = result.get("msg") or job.get("msg") or _failure(job) or "the job did not finish"
-            failed.append("%s: %s" % (m, str(why).splitlines()[0]))
+            failed.append((m, str(why).splitlines()[0]))
     if failed:
-        return dict(ok=False, failed=[f.split(":")[0] for f in failed],
+        return dict(ok=False, failed=[m for m, _why in failed],
                     words="trainer group: %d of %d members failed their proof - %s" % (
-                        len(failed), len(members), "; ".join(failed)))
+                        len(failed), len(members), _listed(failed)))
     return dict(ok=True, failed=[], words="trainer group: every member (%s) proved" % ", ".join(members))

@@ -108,9 +108,12 @@ def make_plan(intent, status, install=None):
     return _plan(entry, current, ["restart requested"], status)
 
 
-def lock_holder(plan, job_started=None):
+def lock_holder(plan, hold=False, job_started=None):
     """Who holds the deploy lock once a call of the run returned: ``play`` (release it at the end),
-    ``job`` (the restart job frees it when it ends) or ``nobody`` (freed already: a no-op)."""
+    ``job`` (the restart job frees it when it ends) or ``nobody`` (the first read frees it: a refused
+    plan, or a no-op unless ``hold`` - a trainer group's member, whose play decides for the group)."""
     if job_started:
         return "job"
-    return "nobody" if plan and plan.get("no_op") else "play"
+    if plan and (plan.get("refused") or plan.get("no_op") and not hold):
+        return "nobody"
+    return "play"

@@ -171,7 +171,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, make_plan
+from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, lock_holder, make_plan
 from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import order_newest_first
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import list_releases
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
@@ -267,7 +267,7 @@ def main():
     result["lock_holder"] = "play" if taken is not None else "nobody"
     if taken is not None:
         result["lock"] = taken
-        if plan["refused"] or plan["no_op"] and not p["intent"]["hold"]:  # nothing past this call: freed here
+        if lock_holder(plan, hold=p["intent"]["hold"]) == "nobody":  # nothing past this call: freed here
             freed = release(p["lock"]["path"], p["lock"]["token"])
             taken["released"] = bool(freed.ok)
             result["lock_holder"] = "nobody" if freed.ok else "play"

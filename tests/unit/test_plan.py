@@ -94,6 +94,10 @@ def test_who_holds_the_lock():
     assert lock_holder(make_plan({"entry": "deploy", "release": "r1"}, proved(), NO_CHANGE)) == "nobody"
     assert lock_holder(make_plan({"entry": "restart"}, proved())) == "play"
     assert lock_holder(make_plan({"entry": "restart"}, proved()), job_started=True) == "job"
+    no_op = make_plan({"entry": "deploy", "release": "r1"}, proved(), NO_CHANGE)
+    assert lock_holder(no_op, hold=True) == "play"  # a group member keeps it for the group's decision
+    refused = make_plan({"entry": "restart"}, proved(current_release=None))
+    assert lock_holder(refused) == lock_holder(refused, hold=True) == "nobody"
 
 
 def test_restart_reasons_put_what_changed_first():
