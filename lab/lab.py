@@ -37,6 +37,7 @@ What `up` builds (all real parts, only the GPU is simulated):
     python3 lab/lab.py group --name g1 --ids 330 331 [--fresh]  # containers sharing /mnt/dflash-rdzv
 """
 import argparse
+import fcntl
 import glob
 import json
 import os
@@ -922,6 +923,15 @@ def main(argv=None):
         bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
+    # One lab.py at a time: the lab's shared state (lab.json, known_hosts, the allow lists, the node's
+    # tenants, the cached rootfs) is read-modify-written, and tests may run in parallel (make test-lab).
+    os.makedirs(STATE_DIR, exist_ok=True)
+    with open(os.path.join(STATE_DIR, "lab.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return run_command(args)
+
+
+def run_command(args):
     if args.cmd == "up":
         up(args.ids or ["200"], args.unprivileged, args.fresh)
     elif args.cmd == "down":

@@ -66,3 +66,30 @@ def scratch_ct(lab):
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--ids", SCRATCH_CT],
                    check=True, stdout=subprocess.DEVNULL)
     return SCRATCH_CT
+
+
+# Parallel runs (make test-lab: pytest-xdist, --dist loadgroup). A test file listed here uses only
+# lab containers of its own and no lab-wide state (the allow lists, the node's tenants, a delay for
+# every container, the default containers 200/201, the scratch container), so its tests may run
+# beside any other file's; each file stays on one worker, in order, with its module fixtures. Every
+# other file - a new one too, until it is listed - runs in the one "shared" group, one test at a time.
+OWN_CONTAINERS = frozenset((
+    "test_after_proof_lab.py", "test_bad_input.py", "test_cli_lab.py", "test_container_user_lab.py",
+    "test_dist_trainer_lab.py", "test_environment_lab.py", "test_experiment_history_lab.py",
+    "test_field_formats_lab.py", "test_group_lab.py", "test_history_plot_lab.py", "test_installed_lab.py",
+    "test_interrupted.py", "test_no_op_lab.py", "test_one_owner_lab.py", "test_playbooks.py",
+    "test_preflight.py", "test_progress_file_lab.py", "test_progress_words_lab.py", "test_release_stream_lab.py",
+    "test_round_trips.py", "test_secrets_lab.py", "test_stop_start_lab.py", "test_throughput_lab.py",
+    "test_torch_lab.py", "test_upload_race_lab.py",
+))
+
+
+def xdist_group(path):
+    """The xdist group of a lab test file: its own, or "shared"."""
+    name = os.path.basename(str(path))
+    return name if name in OWN_CONTAINERS else "shared"
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
