@@ -31,7 +31,7 @@ test-unit: setup
 	python -m pytest -q --durations=10 tests/unit
 
 test-lab: lab
-	python -m pytest -q --durations=20 -n 2 --dist loadgroup tests/lab
+	python -m pytest -q --durations=20 -n 2 --dist loadfile tests/lab
 
 # Real PyTorch (issue 15 item 4): tests/lab/test_torch_lab.py alone, its figures printed (-s). test-lab
 # runs it too: ≈ 3.3 min on 2 shared cores, ≤ 4.5 min when it first builds the torch venv and container

@@ -3,6 +3,7 @@
 The lab is brought up (idempotently) once per session with `python3 lab/lab.py up`; tests
 never skip when it is missing: a lab test that cannot reach the lab fails.
 """
+import fcntl
 import json
 import os
 import subprocess
@@ -68,11 +69,12 @@ def scratch_ct(lab):
     return SCRATCH_CT
 
 
-# Parallel runs (make test-lab: pytest-xdist, --dist loadgroup). A test file listed here uses only
-# lab containers of its own and no lab-wide state (the allow lists, the node's tenants, a delay for
-# every container, the default containers 200/201, the scratch container), so its tests may run
-# beside any other file's; each file stays on one worker, in order, with its module fixtures. Every
-# other file - a new one too, until it is listed - runs in the one "shared" group, one test at a time.
+
+# Parallel runs (make test-lab: pytest-xdist, --dist loadfile: each file on one worker, in order, with its
+# module fixtures). A test file listed here uses only lab containers of its own and no lab-wide state (the
+# allow lists, the node's tenants, a delay for every container, the default containers 200/201, the
+# scratch container), so it may run beside any other file. Every other file - a new one too, until it is
+# listed - holds the lab's shared-state lock for its whole run, so no two of them ever overlap.
 OWN_CONTAINERS = frozenset((
     "test_after_proof_lab.py", "test_bad_input.py", "test_cli_lab.py", "test_container_user_lab.py",
     "test_dist_trainer_lab.py", "test_environment_lab.py", "test_experiment_history_lab.py",
@@ -84,12 +86,17 @@ OWN_CONTAINERS = frozenset((
 ))
 
 
-def xdist_group(path):
-    """The xdist group of a lab test file: its own, or "shared"."""
-    name = os.path.basename(str(path))
-    return name if name in OWN_CONTAINERS else "shared"
+def needs_shared_lock(path):
+    """Whether the lab test file at ``path`` must run alone among the files that share lab state."""
+    return os.path.basename(str(path)) not in OWN_CONTAINERS
 
 
-def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
+@pytest.fixture(scope="module", autouse=True)
+def _lab_shared_state(request):
+    if not needs_shared_lock(request.path):
+        yield
+        return
+    os.makedirs(LAB_STATE, exist_ok=True)
+    with open(os.path.join(LAB_STATE, "tests-shared.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, at the module's end
+        yield
