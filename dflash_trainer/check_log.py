@@ -41,25 +41,19 @@ CHECK_INVOCATION = "0" * 24 + "c4ec4109"  # the synthesised start's invocation i
 MAIN_PID = 4242
 ERROR_EXIT_GRACE_S = 1.0  # the proof's wait for a process that logged an error to exit (_cycle)
 
-# the proof's options (trainer_restart / trainer_ready) and the role variables the role passes them
-PROOF_VARIABLES = (
-    ("ready_regex", "trainer_ready_regex"),
-    ("step_regex", "trainer_step_regex"),
-    ("tokps_regex", "trainer_tokps_regex"),
-    ("error_regexes", "trainer_error_regexes"),
+# the options of the proof's run besides the judge's settings (the collection's
+# _readiness.PROOF_SETTINGS, see proof_variables) and the role variables the role passes them
+RUN_VARIABLES = (
     ("gpus", "trainer_gpus"),
-    ("min_mib", "trainer_gpu_min_mib"),
-    ("min_steps", "trainer_ready_min_steps"),
-    ("hold_s", "trainer_ready_hold_s"),
-    ("stall_s", "trainer_ready_stall_s"),
-    ("timeout_s", "trainer_ready_timeout_s"),
-    ("interval_s", "trainer_ready_interval_s"),
-    ("tail_lines", "trainer_log_tail_lines"),
     ("measure_s", "trainer_measure_s"),
     ("measure_regexes", "trainer_measure_regexes"),
 )
-_INTS = ("min_mib", "min_steps", "tail_lines")
-_FLOATS = ("hold_s", "stall_s", "timeout_s", "interval_s")
+
+
+def proof_variables(coll) -> tuple:
+    """((option, role variable), ...) check-log reads: every setting of the collection's judge (its one
+    table, _readiness.PROOF_SETTINGS), then RUN_VARIABLES."""
+    return tuple((name, var) for name, (var, _kind, _default) in coll.readiness.PROOF_SETTINGS.items()) + RUN_VARIABLES
 
 
 class BadInput(Exception):
@@ -119,7 +113,7 @@ def proof_settings(coll: Collection, extravars: dict) -> tuple[dict, dict, list]
     EXTRAVARS (-e); BadInput naming the variable when the deploy would refuse one."""
     defaults = role_defaults(coll.root)
     notes = []
-    proof = [var for _opt, var in PROOF_VARIABLES]
+    proof = [var for _opt, var in proof_variables(coll)]
     for name in sorted(k for k in extravars if k.startswith("trainer_") and k not in defaults):
         close = difflib.get_close_matches(name, proof, n=1, cutoff=0.85)
         if close:  # a typo of a variable that decides the verdict must not pass unnoticed
@@ -137,22 +131,15 @@ def settings(coll: Collection, variables: dict) -> tuple[dict, dict]:
     if problems:
         raise BadInput("the deploy would refuse these variables (%d problem%s):\n%s" % (
             len(problems), "" if len(problems) == 1 else "s", "\n".join("- %s" % p for p in problems)))
-    opts = {}
-    for opt, var in PROOF_VARIABLES:
-        value = variables[var]
-        if opt in _INTS:
-            value = int(value)
-        elif opt in _FLOATS:
-            value = float(value)
-        elif opt == "gpus":
-            value = coll.validate.gpu_indexes(value)
-        elif opt == "measure_s":
-            value = float(value) if value not in (None, "", 0, "0") else None
-        elif opt == "measure_regexes":
-            value = dict(value or {})
-        elif opt == "error_regexes":
-            value = list(value)
-        opts[opt] = value
+    judged = dict((name, variables[var]) for name, (var, _kind, _default) in coll.readiness.PROOF_SETTINGS.items())
+    try:
+        opts = coll.readiness.proof_options(judged)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    opts["gpus"] = coll.validate.gpu_indexes(variables["trainer_gpus"])
+    measure_s = variables["trainer_measure_s"]
+    opts["measure_s"] = float(measure_s) if measure_s not in (None, "", 0, "0") else None
+    opts["measure_regexes"] = dict(variables["trainer_measure_regexes"] or {})
     return opts, variables
 
 
@@ -549,10 +536,7 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
     for r in readings:
         r.marker = T.parse_marker(r.text) is not None
 
-    expect = R.Expectations(invocation_id=invocation, n_restarts=0, gpus=opts["gpus"], min_mib=opts["min_mib"],
-                            min_steps=opts["min_steps"], hold_s=opts["hold_s"], stall_s=opts["stall_s"],
-                            timeout_s=opts["timeout_s"], tail_lines=opts["tail_lines"],
-                            ready_regex=opts["ready_regex"])
+    expect = R.expectations(invocation, 0, opts, gpus=opts["gpus"])
     try:
         judge = R.Judge(expect, start=0.0)
     except ValueError as e:

@@ -14,14 +14,15 @@ Where each field comes from (per host):
 - changed: any task result with `changed: true`, or a non-zero `changed` count in the recap.
 - release / previous_release: the release the restart job switched `current` to and the one it pointed at
   before (the job's `release` / `previous`), else the last `dflash.trainer.trainer_release` upload
-  (state present); failing that, the `current` of the last one.
+  (state present); failing that, the `current` of the last one. A job that switched nothing (a restart, a
+  start) ran the release current points at: it is release and previous_release both.
 - rolled_back: the job rolled back, or a rollback entry point's job switched `current` (the plan's entry,
   `trainer_begin`'s `plan`).
-- restarted: a `dflash.trainer.trainer_start` ran ok and started the unit.
-- proof: `proof` of the last successful `dflash.trainer.trainer_ready`, or of the restart job
-  (`dflash.trainer.trainer_restart`, whose finished result carries proof, rolled_back, log_tail;
-  read as `RestartJobResult`, whose fields are keys the job's result declares).
-- log_tail: `log_tail` of the last failed trainer_ready.
+- restarted: the restart job (`dflash.trainer.trainer_restart`, finished: in the call that started it or in
+  the watch) says it restarted the unit.
+- proof: the restart job's `proof` (or, after a rollback, its `rollback_proof`); its finished result carries
+  proof, rolled_back, log_tail, read as `RestartJobResult`, whose fields are keys the job's result declares.
+- log_tail: the restart job's `log_tail` (the failed start's log).
 - status: the last `dflash.trainer.trainer_status` or `trainer_begin` (the first read) result (for a
   deploy that restarted, the read before the restart; run `status()` for the state afterwards).
 - log: `log` of the last trainer_status result that read the log (playbooks/logs.yml).
@@ -32,7 +33,8 @@ Where each field comes from (per host):
   (`dflash.trainer.trainer_validate`, `validate_argument_spec`, an `assert`), the deploy lock not taken
   or a plan refused (`trainer_begin` returned `lock_refused` or `plan.refused`), or the restart job not
   started (`trainer_restart` returned `not_started`: a refused pre-flight, a failed install, another
-  restart running - reported by the role's fail task after it).
+  restart running - reported by the role's fail task after it). A refused host's release is the one
+  current still points at (an uploaded release no job switched to is not it), as previous_release too.
 - source / reasons / outcome / failed_phase: the source's description (`trainer_validate`'s `source`:
   "git 4f1c2d9 dirty"), why the trainer was restarted (`trainer_restart`'s `reasons`), the job's
   `outcome` words and `failed_phase`.
@@ -157,7 +159,7 @@ def _mapping(value: Any) -> Mapping:
 
 @dataclass(frozen=True)
 class Proof:
-    """What `dflash.trainer.trainer_ready` observed when it proved the trainer ready."""
+    """What the restart job's proof observed when it proved the trainer ready (its result's `proof`)."""
     release: Optional[str] = None
     invocation_id: Optional[str] = None
     main_pid: Optional[int] = None
@@ -268,7 +270,7 @@ class RestartJobResult:
     comparison: Optional[dict] = None
     outcome: Optional[str] = None
     failed_phase: Optional[str] = None
-    # None when the result has no lines (an earlier failed trainer_ready's log_tail then stands)
+    # None when the result has no lines
     log_tail: Optional[list] = None
 
     @classmethod
@@ -494,24 +496,15 @@ def _is(action: str, module: str) -> bool:
     return action in ("%s.%s" % (COLLECTION, module), module)
 
 
-def _release_state(res: Mapping, event_data: Mapping) -> Optional[str]:
-    """trainer_release's state: from the module's invocation, else task_args, else the result's shape."""
+def _release_state(res: Mapping) -> Optional[str]:
+    """trainer_release's state (present, mark_good, query): from the module's invocation, else the
+    result's shape (its documented RETURN keys)."""
     args = _mapping(_mapping(res.get("invocation")).get("module_args"))
     state = _str(args.get("state"))
     if state:
         return state
-    task_args = event_data.get("task_args")
-    if isinstance(task_args, Mapping) and task_args.get("state"):
-        return _str(task_args.get("state"))
-    if isinstance(task_args, str):
-        for part in task_args.replace(",", " ").split():
-            if part.startswith("state="):
-                return part.split("=", 1)[1]
-    # the documented RETURN keys tell the states apart
     if "transferred" in res or "needs_archive" in res:
         return "present"
-    if "switched" in res:  # events of a collection before the job switched current
-        return "rollback"
     if "previous" in res:
         return "mark_good"
     return "query" if res else None
@@ -537,8 +530,6 @@ def _is_refusal(action: str, res: Mapping) -> bool:
     if _is(action, "trainer_validate") or action in _CHECKS:
         return True
     if _is(action, "trainer_begin") and (_bool(res.get("lock_refused")) or _mapping(res.get("plan")).get("refused")):
-        return True
-    if _is(action, "trainer_status") and _bool(res.get("lock_refused")):  # events of a collection before trainer_begin
         return True
     return _is(action, "trainer_restart") and bool(_bool(res.get("not_started")) or _bool(res.get("preflight_refused")))
 
@@ -570,6 +561,9 @@ class _HostState:
         # the deploy's release was current already (no trainer_release ran): previous is the same release
         self.unswitched = False
         self.entry: Optional[str] = None  # the plan's entry point (trainer_begin)
+        # what current pointed at when this run uploaded its release (None: no upload); the job switched it
+        self.upload_over: Optional[str] = None
+        self.job_switched = False
         self.not_started = False  # the call that starts the restart job said nothing was started
 
     def observe(self, kind: str, is_item: bool, event_data: Mapping, res: Mapping) -> None:
@@ -592,12 +586,7 @@ class _HostState:
         if res.get("diff"):
             r.diffs.extend(_diffs(task, res.get("diff")))
         action = _action(event_data)
-        if _is(action, "trainer_ready"):
-            if kind == "ok" and isinstance(res.get("proof"), Mapping):
-                r.proof = Proof.from_result(res.get("proof"))
-            elif kind == "failed":
-                r.log_tail = _lines(res.get("log_tail"))
-        elif _is(action, "trainer_restart") and _bool(res.get("finished")):
+        if _is(action, "trainer_restart") and _bool(res.get("finished")):
             # the restart job (stop, drain, purge, start, prove; rollback), watched with state=wait
             if isinstance(res.get("reasons"), list):  # a job that ended within the call that started it
                 r.reasons = [_str(x) or "" for x in res["reasons"]]
@@ -618,9 +607,12 @@ class _HostState:
                 r.proof = job.rollback_proof
             if job.switched and job.release:  # the job switched current to the plan's release
                 r.release, r.previous_release = job.release, job.previous
-                self.release_from_switch = True
+                self.release_from_switch = self.job_switched = True
                 if self.entry == "rollback":
                     r.rolled_back = True
+            elif job.release:  # a restart or start of the current release: nothing switched
+                self.current_fallback = job.release
+                self.unswitched = True
             if job.rolled_back:
                 r.rolled_back = True
                 r.release = job.rollback_release or r.release
@@ -641,26 +633,18 @@ class _HostState:
             self.entry = _str(plan.get("entry")) or self.entry
             # a deploy that changed nothing (no_op), or whose release was already current, uploads nothing:
             # the release is the one current points at
-            # (events of a collection before trainer_begin: trainer_status's no_op / release_current)
-            if (plan.get("entry") == "deploy" and (_bool(plan.get("no_op")) or not _bool(plan.get("upload")))
-                    or _bool(res.get("no_op")) or _bool(res.get("release_current"))):
+            if plan.get("entry") == "deploy" and (_bool(plan.get("no_op")) or not _bool(plan.get("upload"))):
                 self.current_fallback = self.current_fallback or _str(res.get("current_release"))
                 self.unswitched = True
             if isinstance(res.get("log"), Mapping):
                 r.log = TrainerLog.from_result(res.get("log"))
-        elif _is(action, "trainer_start") and kind == "ok":
-            if not _bool(res.get("skipped")) and res.get("started", True) is not False:
-                r.restarted = True
         elif _is(action, "trainer_release") and kind == "ok":
-            state = _release_state(res, event_data)
-            # present: uploaded (the restart job switches current to it); rollback: events of a collection
-            # before the job switched current
-            if state in ("present", "rollback"):
+            state = _release_state(res)
+            # present: uploaded (the restart job switches current to it)
+            if state == "present":
                 r.release = _str(res.get("release"))
-                r.previous_release = _str(res.get("previous"))
+                r.previous_release = self.upload_over = _str(res.get("previous"))
                 self.release_from_switch = True
-                if state == "rollback" and _bool(res.get("switched")):
-                    r.rolled_back = True
             else:
                 self.current_fallback = _str(res.get("current")) or _str(res.get("release")) or self.current_fallback
 
@@ -696,8 +680,10 @@ class _HostState:
             dark = 0 if stats is None else _int(_mapping(stats.get("dark")).get(host)) or 0
             r.unreachable = self.last_failure_kind == "unreachable" or dark > 0
             r.refused = bool(self.first_failure_refused) and not r.unreachable
-            if r.refused:  # nothing was started: a `current` put back is no rollback
+            if r.refused:  # nothing was started: no rollback, and current is where it was
                 r.rolled_back = False
+                if self.upload_over is not None and not self.job_switched:
+                    r.release = r.previous_release = self.upload_over
         return r
 
 

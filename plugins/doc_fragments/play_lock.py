@@ -2,7 +2,7 @@
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The O(lock) option of the modules a play runs under its deploy lock before the restart job
-takes the lease over (trainer_release, trainer_preflight)."""
+takes the lease over (trainer_release)."""
 
 from __future__ import annotations
 

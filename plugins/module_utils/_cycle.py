@@ -1,10 +1,10 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The restart cycle's steps - stop, drain, purge, start, prove - as functions of a command
-runner and a clock, shared by the single-step modules (gpu_drain, trainer_start, trainer_ready)
-and by the restart job (trainer_restart), which runs the whole cycle, and the rollback, on the
-target so that nothing the controller does is load-bearing after the stop.
+"""The restart cycle's steps - stop, drain, start, prove; the purge is ``_inductor_cache``'s - as
+functions of a command runner and a clock, used by the restart job (trainer_restart, _restart_steps), which runs the
+whole cycle, and the rollback, on the target so that nothing the controller does is load-bearing
+after the stop.
 
 A step returns its details or raises ``StepFailed`` (message + details). Every command is bounded
 (``_run``); every wait is ``_wait.poll_until`` over a judge (``_readiness``), with an injectable clock and sleep.
@@ -12,10 +12,7 @@ A step returns its details or raises ``StepFailed`` (message + details). Every c
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import stat
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._log_file import LogFileReader
@@ -24,10 +21,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
     memory_by_index,
     read_gpus,
 )
-# imported here, never inside a function: the detached restart job runs after Ansible removed the
-# module's payload, so a late import fails
-from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import cache_problem
-from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import observe as observe_cache
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import (
     ProgressAnalysis,
     ProgressFileReader,
@@ -38,9 +31,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     fmt_s,
     READY,
     DrainJudge,
-    Expectations,
     Judge,
     Snapshot,
+    expectations as readiness_expectations,
     setting,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
@@ -159,61 +152,7 @@ def _ticker(tick):
 
 
 # ---------------------------------------------------------------------------------------------
-# purge
-
-def purge(path, observe_dir=None):
-    """Delete the torchinductor cache directory (only ever called while the unit is stopped) and
-    make it again, empty, root's and mode 0700 (inductor loads the .so files it finds there: no
-    other user may plant one before the trainer starts).
-
-    Judged again here, at the moment of deleting, entry by entry at every depth
-    (``_inductor_cache``): it must be absent or hold only what inductor writes, else the purge is
-    refused with StepFailed naming what is there (the job then brings the trainer back) and
-    nothing is deleted. A symlink is removed, never followed; a cache that is a mount point is
-    emptied, not removed (removing it fails with EBUSY)."""
-    if not path:
-        return False
-    if os.path.islink(path):
-        os.unlink(path)
-        _make_cache_dir(path)
-        return True
-    facts = (observe_dir or observe_cache)(path)
-    why = cache_problem(facts)
-    if why:
-        raise StepFailed("refused to purge %s: it %s; nothing was deleted" % (path, why))
-    if not facts.get("exists"):
-        _make_cache_dir(path)
-        return False
-    if facts.get("mount"):
-        for name in os.listdir(path):
-            child = os.path.join(path, name)
-            if os.path.isdir(child) and not os.path.islink(child):
-                shutil.rmtree(child)
-            else:
-                os.unlink(child)
-        os.chown(path, os.geteuid(), os.getegid(), follow_symlinks=False)
-        os.chmod(path, 0o700)
-        return True
-    shutil.rmtree(path)
-    _make_cache_dir(path)
-    return True
-
-
-def _make_cache_dir(path):
-    """The cache directory, new and empty, owned by us, mode 0700; refused when something else
-    took its place in the meantime (another user's directory in /tmp)."""
-    parent = os.path.dirname(path)
-    if parent and not os.path.isdir(parent):
-        os.makedirs(parent, 0o755, exist_ok=True)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        st = os.lstat(path)
-        if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not os.listdir(path)):
-            raise StepFailed("refused to start with the torchinductor cache %s: after the purge something else took "
-                             "its place (%s owned by uid %d); remove it" % (
-                                 path, "a directory" if stat.S_ISDIR(st.st_mode) else "a file or link", st.st_uid))
-    os.chmod(path, 0o700)
+# (purge: _inductor_cache.purge, beside its judge of what the cache holds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,8 +386,5 @@ def _exited(props, _elapsed):
 
 
 def expectations(invocation_id, n_restarts, p):
-    """Expectations from the proof's parameters (trainer_ready's option names)."""
-    return Expectations(
-        invocation_id=invocation_id, n_restarts=n_restarts, gpus=p.get("gpus"), min_mib=p["min_mib"],
-        min_steps=p["min_steps"], hold_s=p["hold_s"], stall_s=p["stall_s"], timeout_s=p["timeout_s"],
-        tail_lines=p["tail_lines"], ready_regex=p["ready_regex"])
+    """Expectations from the proof's parameters (trainer_restart's option names)."""
+    return readiness_expectations(invocation_id, n_restarts, p, gpus=p.get("gpus"))

@@ -2,7 +2,7 @@
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Is this directory a torchinductor cache? Judged entry by entry, at every depth, before the
-purge deletes it (``rm -rf``): a directory of anything else - a corpus of ``en/ de/ fr/``, a
+purge (``purge``, here beside its judge) deletes it (``rm -rf``): a directory of anything else - a corpus of ``en/ de/ fr/``, a
 checkpoint, a project with ``model.py`` - is refused, naming what it holds.
 
 The layout is inductor's own (torch/_inductor: ``codecache.get_path``, ``write_atomic``,
@@ -26,13 +26,16 @@ cache), are never inductor's: refused. There is no cut-off: every entry is judge
 names the first few that are not inductor's and how many there are).
 
 ``observe`` walks the tree (lstat only, never following a link); ``tree_problem`` and
-``entry_problem`` are pure.
+``entry_problem`` are pure; ``purge`` deletes the cache once ``cache_problem`` finds nothing (the
+restart job's step, while the unit is stopped) and raises ``CacheRefused`` when it refuses. Stdlib
+only: the lab runs this file's source by itself in a container, on the cache real torch wrote.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 
 # a key: a letter and a long hash (base32 lowercase today; older torch: urlsafe base64 with _ for -)
@@ -250,3 +253,70 @@ def observe(path):
                 tree.append((crel, "other"))
     facts["tree"] = tree
     return facts
+
+
+# ---------------------------------------------------------------------------------------------
+# the purge (the restart job's step, _restart_steps.Steps.purge)
+
+class CacheRefused(Exception):
+    """The purge refused to delete (or to make again) the cache directory: ``msg`` in words. The
+    restart job's step raises it as ``_cycle.StepFailed``, with the same words."""
+
+    def __init__(self, msg):
+        super(CacheRefused, self).__init__(msg)
+        self.msg = msg
+
+
+def purge(path, observe_dir=None):
+    """Delete the torchinductor cache directory (only ever called while the unit is stopped) and
+    make it again, empty, root's and mode 0700 (inductor loads the .so files it finds there: no
+    other user may plant one before the trainer starts).
+
+    Judged again here, at the moment of deleting, entry by entry at every depth
+    (``cache_problem``): it must be absent or hold only what inductor writes, else the purge is
+    refused with CacheRefused naming what is there (the job then brings the trainer back) and
+    nothing is deleted. A symlink is removed, never followed; a cache that is a mount point is
+    emptied, not removed (removing it fails with EBUSY)."""
+    if not path:
+        return False
+    if os.path.islink(path):
+        os.unlink(path)
+        _make_cache_dir(path)
+        return True
+    facts = (observe_dir or observe)(path)
+    why = cache_problem(facts)
+    if why:
+        raise CacheRefused("refused to purge %s: it %s; nothing was deleted" % (path, why))
+    if not facts.get("exists"):
+        _make_cache_dir(path)
+        return False
+    if facts.get("mount"):
+        for name in os.listdir(path):
+            child = os.path.join(path, name)
+            if os.path.isdir(child) and not os.path.islink(child):
+                shutil.rmtree(child)
+            else:
+                os.unlink(child)
+        os.chown(path, os.geteuid(), os.getegid(), follow_symlinks=False)
+        os.chmod(path, 0o700)
+        return True
+    shutil.rmtree(path)
+    _make_cache_dir(path)
+    return True
+
+
+def _make_cache_dir(path):
+    """The cache directory, new and empty, owned by us, mode 0700; refused when something else
+    took its place in the meantime (another user's directory in /tmp)."""
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, 0o755, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not os.listdir(path)):
+            raise CacheRefused("refused to start with the torchinductor cache %s: after the purge something else took "
+                               "its place (%s owned by uid %d); remove it" % (
+                                   path, "a directory" if stat.S_ISDIR(st.st_mode) else "a file or link", st.st_uid))
+    os.chmod(path, 0o700)

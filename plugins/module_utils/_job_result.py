@@ -72,7 +72,7 @@ FIELDS = (
            "Whether the job went back to the last good release (see C(rollback_proof) or C(rollback_failure)).",
            _CYCLE),
     _field("proof", "dict",
-           "What proved the release ready (as M(dflash.trainer.trainer_ready) returns it: release, invocation_id, "
+           "What proved the release ready (release, invocation_id, "
            "main_pid, gpus_mib, step, tok_s, seconds_to_ready, with the measured C(figures)); V(null) unless it was "
            "proved.",
            _CYCLE),

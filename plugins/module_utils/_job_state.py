@@ -5,7 +5,8 @@
 
 The restart job (``_restart_steps``) writes its phase and, at the end, its outcome here; every
 reader - the job's own watch (``trainer_restart``), the status read and the lock's wait for an
-earlier play's job (``trainer_status``) - reads it through these functions. Small on purpose, with
+earlier play's job (``trainer_begin``) - reads it through these functions, and every judge of
+whether a job ended asks ``job_end``. Small on purpose, with
 no import of the cycle: the status read ships this, not the restart's machinery.
 """
 
@@ -70,15 +71,35 @@ def observe_job(state_path, alive=job_alive):
     return state, alive(state)
 
 
+# what one look at the state file says of a job (``job_end``); None: it still runs
+ENDED = "ended"                  # done: its outcome is on record
+DIED = "died"                    # not done, and its process is gone (a reboot, a kill, the OOM killer)
+NOT_ON_RECORD = "not on record"  # no state file, or it holds another job's state
+_ON_RECORD = object()  # job_end's job_id when any job on record is meant
+
+
+def job_end(state, alive, job_id=_ON_RECORD):
+    """The one judge of whether a restart job ended, from one look at the state file: ``state`` (its
+    content, or None) and ``alive`` (``job_alive(state)``: whether its process still runs) -> ENDED,
+    DIED, NOT_ON_RECORD (no state, or ``job_id`` given and the file holds another job's state), or
+    None while it runs. Without ``job_id``: whichever job is on record."""
+    if state is None or (job_id is not _ON_RECORD and state.get("job_id") != job_id):
+        return NOT_ON_RECORD
+    if state.get("done"):
+        return ENDED
+    return None if alive else DIED
+
+
 def outcome_words(state):
     """One line for a job's state: what it did, or what it was doing."""
     if not state:
         return "no restart job on record"
     job = "restart job %s (%s, started %s)" % (state.get("job_id", "?"), state.get("owner", "?"),
                                                state.get("started_at", "?"))
-    if not state.get("done"):
-        if job_alive(state):
-            return "%s is in phase %s" % (job, state.get("phase", "?"))
+    end = job_end(state, job_alive(state))
+    if end is None:
+        return "%s is in phase %s" % (job, state.get("phase", "?"))
+    if end == DIED:
         return ("%s was interrupted in phase %s: its process is gone (a reboot, a kill or the OOM killer)"
                 % (job, state.get("phase", "?")))
     result = state.get("result") or {}

@@ -386,26 +386,9 @@ def join_processes(gpus, apps):
     return joined
 
 
-def select(gpus, indexes):
-    """Keep GPUs whose index is in ``indexes`` (None: all). Returns (selected, missing)."""
-    if indexes is None:
-        return list(gpus), []
-    have = {g["index"] for g in gpus}
-    wanted = list(dict.fromkeys(indexes))
-    return [g for g in gpus if g["index"] in set(wanted)], [i for i in wanted if i not in have]
-
-
 def memory_by_index(gpus):
     """{index: memory_used_mib or None}."""
     return {g["index"]: g["memory_used_mib"] for g in gpus}
-
-
-def summarize(gpus):
-    """gpu_count and total_used_mib (unreadable readings count as 0)."""
-    return {
-        "gpu_count": len(gpus),
-        "total_used_mib": sum(g["memory_used_mib"] or 0 for g in gpus),
-    }
 
 
 def index_ranges(indexes):

@@ -55,8 +55,8 @@ import stat
 # the purge's judgement (every entry, at every depth): _inductor_cache; judge() below uses it
 from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import cache_problem
 from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import observe as observe_cache
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight import SYSTEMD_PATH
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import MARKER_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME, ROOT_MARK_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import SYSTEMD_PATH
 
 # -- marks ----------------------------------------------------------------------------------------
 UNIT_MARK = "managed by dflash.trainer"
@@ -90,12 +90,10 @@ EXCL_KINDS = ("state",)
 # files lost at reboot on a tmpfs, which the enabled unit needs at boot
 PERSISTENT_KINDS = ("env", "launcher")
 VOLATILE_FS = frozenset(("tmpfs", "ramfs"))
-# the release root's own marker file (written by _release_root.mark_root under the root's lock)
-ROOT_MARK_NAME = ".dflash-trainer-root"
-ROOT_MARK = "# dflash.trainer: a release root of the collection (releases/, current, last_good, ledger.json)"
+# the release root's own marker file (ROOT_MARK_NAME, written by _release_root.mark_root under the root's lock)
 # a release's marker
 RELEASE_MARK_NAME = MARKER_NAME
-# what a release root of this collection holds (_release_root, _release_states, _throughput's
+# what a release root of this collection holds (_release_root, _release_states, _ledger's
 # ledger): the names an older root without the marker may hold and still be adopted
 _ROOT_NAMES = frozenset(("releases", "current", "last_good", "last_good.config", "ledger.json", "ledger.json.lock",
                          ".lock", "config.key", ROOT_MARK_NAME, "lost+found"))

@@ -10,9 +10,23 @@ carries it out (``when:`` on a plan field) and the restart job does every change
 Pure: a table of what was read in, the plan out (tests/unit/test_plan.py).
 """
 
+import math
+
 from ansible_collections.dflash.trainer.plugins.module_utils._install import change_reasons
 
 ENTRIES = ("deploy", "restart", "start", "rollback", "stop")
+
+# How the play watches a job: each watch call waits WATCH_WAIT_S on the target (the role's wait_s) and the
+# watch gives up after the job's budget (job_budget_s) and WATCH_SPARE more calls.
+WATCH_WAIT_S = 10
+WATCH_SPARE = 2
+# Room in a budget beyond the settings: systemctl stop is bounded by TimeoutStopSec + STOP_MARGIN_S; a start
+# before its proof (the launcher, the unit's start) START_MARGIN_S; the watch's own slack END_MARGIN_S.
+STOP_MARGIN_S = 30
+START_MARGIN_S = 120
+END_MARGIN_S = 60
+# Without the settings (a standalone caller of trainer_begin): how long to wait for a running job.
+DEFAULT_JOB_WAIT_S = 1800
 
 
 def restart_reasons(before, release, switched=False, install=None, force=False):
@@ -62,7 +76,63 @@ def _plan(entry, release, reasons, status, **kw):
     return plan
 
 
-def make_plan(intent, status, install=None):
+def _seconds(value):
+    """A setting in seconds (unset, negative or not finite: 0 - the validator refused those already)."""
+    try:
+        value = float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if 0 <= value < float("inf") else 0.0
+
+
+def job_budget_s(entry, settings):
+    """How long the play watches the job of ``entry`` (whole seconds) given ``settings`` (stop_timeout_s,
+    drain_timeout_s, ready_timeout_s, measure_s; the role's trainer_* of those names):
+
+    - a stop: the stop, the drain and room;
+    - every other entry (a restart job): stop + drain + start + proof (and the throughput window), twice
+      (the rollback goes through them again), with room."""
+    t = dict((k, _seconds((settings or {}).get(k))) for k in
+             ("stop_timeout_s", "drain_timeout_s", "ready_timeout_s", "measure_s"))
+    if entry == "stop":
+        return int(math.ceil(t["stop_timeout_s"] + STOP_MARGIN_S + t["drain_timeout_s"] + END_MARGIN_S))
+    cycle = t["stop_timeout_s"] + STOP_MARGIN_S + t["drain_timeout_s"] + START_MARGIN_S + t["ready_timeout_s"] \
+        + t["measure_s"]
+    return int(2 * cycle + END_MARGIN_S)
+
+
+def watch_retries(budget_s, wait_s=WATCH_WAIT_S):
+    """How many watch calls of ``wait_s`` each cover ``budget_s`` (and WATCH_SPARE more)."""
+    return int(math.ceil(float(budget_s) / wait_s)) + WATCH_SPARE
+
+
+def job_wait_s(intent, settings):
+    """How long the first read waits for a running restart job of an earlier run that holds the lock: its
+    budget - but a trainer group's member (``hold``) never waits: a member's job still running (an
+    interrupted group deploy) refuses the group, it is never attached to member by member."""
+    if (intent or {}).get("hold"):
+        return 0
+    return job_budget_s("restart", settings) if settings else DEFAULT_JOB_WAIT_S
+
+
+def min_tokps_ratio(intent, settings):
+    """The throughput gate of the run's job: the role's trainer_min_tokps_ratio, but none (0) for a forced
+    deploy - it accepts a slower release (the gate is for ordinary deploys)."""
+    return 0.0 if (intent or {}).get("force") else float((settings or {}).get("min_tokps_ratio") or 0)
+
+
+def make_plan(intent, status, install=None, settings=None):
+    """The plan (``decide``) with what its job takes from the role's ``settings``: V(job_budget_s) and
+    V(watch_retries) (see ``job_budget_s``), V(min_tokps_ratio) (absent without settings)."""
+    plan = decide(intent, status, install)
+    if settings:
+        plan["job_budget_s"] = job_budget_s(plan["entry"], settings)
+        plan["watch_retries"] = watch_retries(plan["job_budget_s"])
+        plan["min_tokps_ratio"] = min_tokps_ratio(intent, settings)
+    return plan
+
+
+def decide(intent, status, install=None):
     """-> the plan (a dict) for ``intent`` (entry: deploy | restart | start | rollback | stop; release: the
     release a deploy brings, its id computed on the controller; force; rollback_release), given the
     first read ``status`` (current_release, last_good, releases, running, running_release, health,
@@ -117,3 +187,29 @@ def lock_holder(plan, hold=False, job_started=None):
     if plan and (plan.get("refused") or plan.get("no_op") and not hold):
         return "nobody"
     return "play"
+
+
+def last_ran(results):
+    """The first of ``results`` (registered results, the latest call first) that ran - a non-empty result,
+    not skipped; {} when none did. The role takes a job's outcome so (the watch, else the call that
+    started it and ended within it) and who holds the lock (``last_lock_holder``)."""
+    for result in results or []:
+        if isinstance(result, dict) and result and not result.get("skipped"):
+            return result
+    return {}
+
+
+def last_lock_holder(results, fallback="play"):
+    """Who holds the deploy lock after a run's calls that can hand it over -> play | job | nobody | unknown.
+
+    ``results``: the registered results of those calls, the latest first (a trainer group's stop, the lock
+    taken back after a group's jobs, the call that starts the job, the first read). The first of them that
+    ran answers with its ``lock_holder`` - ``unknown`` when it gave none (its call failed without an
+    answer) - but the last, the first read, answers ``fallback`` then, and so does a run none of whose calls
+    ran: a run whose first read said nothing holds the lock as far as it knows (its end frees it, missing_ok)."""
+    results = list(results or [])
+    ran = last_ran(results)
+    if not ran:
+        return fallback
+    default = fallback if ran is results[-1] else "unknown"
+    return ran.get("lock_holder", default)

@@ -1,5 +1,5 @@
 """One way to write the collection's private state files: the restart job's state, the deploy
-lock's record and the release ledger.
+lock's record and the release ledger (and ``fsync_dir``: a rename made durable).
 
 Atomically (a temporary file renamed over the target: a reader sees the old or the new content,
 never half of one), mode 0600, and never through a symlink: the temporary file's name is
@@ -33,3 +33,12 @@ def replace_private(path, text, tmp=None, sync=False):
     tmp = tmp or "%s.tmp-%d" % (path, os.getpid())
     write_private(tmp, text, sync=sync)
     os.replace(tmp, path)
+
+
+def fsync_dir(path):
+    """fsync the directory ``path``: a rename or a new entry in it survives a power loss."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

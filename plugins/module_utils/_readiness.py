@@ -10,7 +10,7 @@ failed, with a reason in words). No I/O here: tests drive a fake clock through s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     exit_description,
@@ -22,8 +22,10 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import index_ranges
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+    DEFAULT_ERROR_REGEXES,
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
+    DEFAULT_TOKPS_REGEX,
     is_reason_line,
 )
 
@@ -33,7 +35,7 @@ FAILED = "failed"
 
 DEFAULT_HOLD_S = 10.0
 DEFAULT_STALL_S = 5.0
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = 900.0
 
 # The stall window follows the trainer's own cadence: a trainer that reports every N s may go
 # STALL_CADENCE_FACTOR x N s without a rise (N: the low median of the last CADENCE_GAPS gaps between
@@ -51,13 +53,6 @@ MIN_HOLD_RISES = 2
 UNREAD_LINES = 300
 UNREAD_TICK_S = 10.0
 UNREAD_TICKS = 30
-
-# The role variables behind each expectation: every verdict that depends on one names it and its value.
-VARIABLES = {
-    "hold_s": "trainer_ready_hold_s", "stall_s": "trainer_ready_stall_s", "timeout_s": "trainer_ready_timeout_s",
-    "min_steps": "trainer_ready_min_steps", "min_mib": "trainer_gpu_min_mib", "ready_regex": "trainer_ready_regex",
-    "step_regex": "trainer_step_regex", "tokps_regex": "trainer_tokps_regex",
-}
 
 
 def fmt_s(seconds):
@@ -103,20 +98,94 @@ class Snapshot:
     log: object = None
 
 
+def _proof_setting(default, variable):
+    """A field of Expectations that is a proof setting: the role variable ``variable`` sets it (its
+    default in roles/trainer/defaults/main.yml is this ``default``, tests/unit/test_defaults_once.py)."""
+    # a field() made here for the dataclass below, which is what dataclasses' docs do for shared field settings
+    return field(default=default, metadata={"variable": variable})  # pylint: disable=invalid-field-call
+
+
 @dataclass
 class Expectations:
+    """What one start must show. The fields made with ``_proof_setting`` are the proof's settings - the
+    table (``PROOF_SETTINGS``) the role's ``trainer_*`` variables, trainer_restart's O(proof), the
+    CLI's check-log and the verdicts' words are all derived from: a new setting is a field here, its
+    role default and argument spec entry, and its use in the judge."""
     invocation_id: str
     n_restarts: int = 0
     gpus: list = None          # None: every GPU in the snapshot
-    min_mib: int = 1024
+    min_mib: int = _proof_setting(1024, "trainer_gpu_min_mib")
     # The role refuses less than 1. 0 (for a standalone caller) turns the step checks off - count,
     # increase, stall, GPU left behind, the early word on steps - and the READY verdict says so.
-    min_steps: int = 2
-    hold_s: float = DEFAULT_HOLD_S
-    stall_s: float = DEFAULT_STALL_S
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    tail_lines: int = 20
-    ready_regex: str = DEFAULT_READY_REGEX
+    min_steps: int = _proof_setting(2, "trainer_ready_min_steps")
+    hold_s: float = _proof_setting(DEFAULT_HOLD_S, "trainer_ready_hold_s")
+    stall_s: float = _proof_setting(DEFAULT_STALL_S, "trainer_ready_stall_s")
+    timeout_s: float = _proof_setting(DEFAULT_TIMEOUT_S, "trainer_ready_timeout_s")
+    tail_lines: int = _proof_setting(20, "trainer_log_tail_lines")
+    ready_regex: str = _proof_setting(DEFAULT_READY_REGEX, "trainer_ready_regex")
+    # how this start's log is read (_trainer_log.StartLog) and how often the proof polls
+    step_regex: str = _proof_setting(DEFAULT_STEP_REGEX, "trainer_step_regex")
+    tokps_regex: str = _proof_setting(DEFAULT_TOKPS_REGEX, "trainer_tokps_regex")
+    error_regexes: tuple = _proof_setting(DEFAULT_ERROR_REGEXES, "trainer_error_regexes")
+    interval_s: float = _proof_setting(0.5, "trainer_ready_interval_s")
+
+
+def proof_settings(cls):
+    """The proof's settings of an Expectations class, in field order: {name: (role variable, type name, default)}."""
+    return dict((f.name, (f.metadata["variable"], f.type if isinstance(f.type, str) else f.type.__name__, f.default))
+                for f in fields(cls) if "variable" in f.metadata)
+
+
+PROOF_SETTINGS = proof_settings(Expectations)
+# The role variables behind each expectation: every verdict that depends on one names it and its value.
+VARIABLES = dict((name, variable) for name, (variable, _type, _default) in PROOF_SETTINGS.items())
+
+_CASTS = {"int": int, "float": float, "str": str}
+
+
+def proof_options(given, settings=None):
+    """``given`` (a dict of proof settings by name, as trainer_restart's O(proof) takes it) checked and
+    typed -> {name: value}; ValueError naming the setting for an unknown name or a value of the wrong type."""
+    settings = PROOF_SETTINGS if settings is None else settings
+    out = {}
+    for name, value in (given or {}).items():
+        if name not in settings:
+            raise ValueError("proof: unknown setting %r (known: %s)" % (name, ", ".join(settings)))
+        kind = settings[name][1]
+        try:
+            if kind in ("tuple", "list"):
+                if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                    raise TypeError("not a list")
+                value = [str(v) for v in value]
+            elif kind in _CASTS:
+                if isinstance(value, bool) or isinstance(value, (list, dict)):
+                    raise TypeError("not a %s" % kind)
+                value = _CASTS[kind](value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError("proof: %s (%s) must be a %s: %r (%s)"
+                             % (name, settings[name][0], "list" if kind == "tuple" else kind, value, exc)) from None
+        out[name] = value
+    return out
+
+
+def role_proof(variables, progress=True, settings=None):
+    """The proof's settings from the role's variables (a mapping: a play's ``vars``) -> {name: value},
+    as the role passes them to trainer_restart's O(proof). ``progress`` false: a trainer group's member
+    whose log does not show the job's progress (trainer_group_progress) - no ready line and no step
+    values are asked of it; it is proved by its GPUs, its unit and its errors."""
+    settings = PROOF_SETTINGS if settings is None else settings
+    out = dict((name, variables[variable]) for name, (variable, _type, _default) in settings.items())
+    if not progress:
+        out.update(ready_regex=".", min_steps=0)
+    return out
+
+
+def expectations(invocation_id, n_restarts, options, gpus=None, cls=None):
+    """Expectations for one start from the proof's options (every setting of PROOF_SETTINGS present
+    in ``options`` is taken; the others keep their defaults)."""
+    cls = Expectations if cls is None else cls
+    return cls(invocation_id=invocation_id, n_restarts=n_restarts, gpus=gpus,
+               **dict((n, options[n]) for n in proof_settings(cls) if options.get(n) is not None))
 
 
 def window_problem(hold_s, stall_s):

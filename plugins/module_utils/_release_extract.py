@@ -26,6 +26,7 @@ import stat
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import fsync_dir
 from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import (
     MANIFEST_MEMBER,
     MANIFEST_VERSION,
@@ -508,11 +509,3 @@ def extract_delta(archive_path, dest, base_dir, base_manifest, workers=COPY_WORK
     _finish(dest, entries, dir_modes)
     return DeltaResult(hash_entries(entries), entries, len([e for e in extracted if e.kind == KIND_FILE]),
                        len(reused) - linked, linked)
-
-
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,7 +5,8 @@
 
 install_release unpacks an archive (full or delta) into releases/.tmp-<id>-*, checks it against
 the id, writes the marker last and renames it into place; verify_release re-hashes a complete
-release against the manifest its marker records.
+release against the manifest its marker records (``read_manifest``); ``delta_base`` is what a delta
+upload may build on.
 """
 from __future__ import annotations
 
@@ -18,17 +19,17 @@ import tarfile
 import tempfile
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import fsync_dir
+from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import manifest_items, parse_manifest
 from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import (
     extract_archive_entries,
     extract_delta,
-    fsync_dir,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import _safe_mode as extracted_mode
 from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
     KIND_FILE,
     KIND_SYMLINK,
-    MARKER_NAME,
     RELEASE_ID_LEN,
     BaseReleaseError,
     ReleaseError,
@@ -38,13 +39,36 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_scan impor
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     is_complete,
     _rand,
-    read_manifest,
     release_path,
     ReleaseModuleError,
     releases_dir,
     remove_path,
     TMP_PREFIX,
+    valid_id,
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# a complete release's manifest (recorded in its marker)
+
+def read_manifest(root, rid):
+    """Entries of complete release rid as recorded in its marker, or None (no usable manifest)."""
+    try:
+        with open(os.path.join(release_path(root, rid), MARKER_NAME)) as f:
+            marker = json.load(f)
+        return parse_manifest(marker["manifest"], "manifest of release %s" % rid)
+    except (OSError, ValueError, KeyError, TypeError, ReleaseError):
+        return None
+
+
+def delta_base(root, previous):
+    """(base id, sorted distinct sha256 of its files) for a delta upload, or (None, [])."""
+    if previous is None or not valid_id(previous) or not is_complete(root, previous):
+        return None, []
+    manifest = read_manifest(root, previous)
+    if manifest is None:
+        return None, []
+    return previous, sorted(set(e.payload for e in manifest if e.kind == KIND_FILE))
 
 
 def _is_fifo(path):

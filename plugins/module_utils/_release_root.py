@@ -3,26 +3,21 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The release layout on the target: releases/<id>, the ``current`` symlink, ``last_good``.
 
-Reading and switching it, shared by trainer_release (upload, rollback, mark good) and the
-restart job (trainer_restart), which switches ``current`` back and marks releases good on the
-target without the controller.
+Reading and switching it, shared by trainer_release (upload, rollback, mark good), the restart
+job (trainer_restart), which switches ``current`` back and marks releases good on the target
+without the controller, and the status read (``read_release_marks``). The one reader and writer of
+``current`` and ``last_good``; small on purpose (what a release's manifest holds is
+``_release_install``'s), so that the status read ships it.
 """
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import shutil
 
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ROOT_MARK, ROOT_MARK_NAME
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import parse_manifest
-from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import fsync_dir
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
-    KIND_FILE,
-    MARKER_NAME,
-    ReleaseError,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME, ROOT_MARK, ROOT_MARK_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils._private_file import fsync_dir
 
 try:
     import fcntl
@@ -31,6 +26,9 @@ except ImportError:  # pragma: no cover - not POSIX
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TMP_PREFIX = ".tmp-"
+# the release pointers in the root: the symlink to the release that starts, the last proved release's id
+CURRENT = "current"
+LAST_GOOD = "last_good"
 
 
 class ReleaseModuleError(Exception):
@@ -49,6 +47,19 @@ def releases_dir(root):
 
 def release_path(root, rid):
     return os.path.join(releases_dir(root), rid)
+
+
+def current_path(root):
+    return os.path.join(root, CURRENT)
+
+
+def last_good_path(root):
+    return os.path.join(root, LAST_GOOD)
+
+
+def valid_id(rid):
+    """Whether ``rid`` can name a release (``validate_id`` without the error)."""
+    return bool(rid and _ID_RE.match(rid))
 
 
 def validate_id(rid, what="release"):
@@ -84,7 +95,7 @@ def list_releases(root):
 
 def read_current(root):
     """Id that root/current points at, or None. Fails on a `current` that is not our symlink."""
-    path = os.path.join(root, "current")
+    path = current_path(root)
     if not os.path.lexists(path):
         return None
     if not os.path.islink(path):
@@ -99,28 +110,8 @@ def read_current(root):
     return os.path.basename(target)
 
 
-def read_manifest(root, rid):
-    """Entries of complete release rid as recorded in its marker, or None (no usable manifest)."""
-    try:
-        with open(os.path.join(release_path(root, rid), MARKER_NAME)) as f:
-            marker = json.load(f)
-        return parse_manifest(marker["manifest"], "manifest of release %s" % rid)
-    except (OSError, ValueError, KeyError, TypeError, ReleaseError):
-        return None
-
-
-def delta_base(root, previous):
-    """(base id, sorted distinct sha256 of its files) for a delta upload, or (None, [])."""
-    if previous is None or not _ID_RE.match(previous) or not is_complete(root, previous):
-        return None, []
-    manifest = read_manifest(root, previous)
-    if manifest is None:
-        return None, []
-    return previous, sorted(set(e.payload for e in manifest if e.kind == KIND_FILE))
-
-
 def read_last_good(root):
-    path = os.path.join(root, "last_good")
+    path = last_good_path(root)
     try:
         with open(path) as f:
             value = f.read().strip()
@@ -139,8 +130,22 @@ def stale_entries(root):
         out.extend("releases/" + n for n in sorted(os.listdir(rdir)) if n.startswith(TMP_PREFIX))
     if os.path.isdir(root):
         out.extend(n for n in sorted(os.listdir(root))
-                   if n.startswith("current.tmp-") or n.startswith("last_good.tmp-"))
+                   if n.startswith(CURRENT + ".tmp-") or n.startswith(LAST_GOOD + ".tmp-"))
     return out
+
+
+def read_release_marks(root):
+    """(target of ``<root>/current`` or None when it is no symlink, text of ``<root>/last_good``
+    or None when it is no file) - read as they are, never refused (the status read reports what
+    is there; ``_status.release_fields`` judges it)."""
+    current = current_path(root)
+    link = os.readlink(current) if os.path.islink(current) else None
+    last_good = last_good_path(root)
+    text = None
+    if os.path.isfile(last_good):
+        with open(last_good) as f:
+            text = f.read()
+    return link, text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,10 +164,10 @@ def remove_path(path):
 
 def switch_current(root, rid):
     """current -> releases/<rid>, atomically: a new relative symlink renamed over the old one."""
-    tmp = os.path.join(root, "current.tmp-" + _rand())
+    tmp = os.path.join(root, CURRENT + ".tmp-" + _rand())
     os.symlink(os.path.join("releases", rid), tmp)
     try:
-        os.replace(tmp, os.path.join(root, "current"))
+        os.replace(tmp, current_path(root))
     except OSError:
         os.unlink(tmp)
         raise
@@ -170,13 +175,13 @@ def switch_current(root, rid):
 
 
 def write_last_good(root, rid):
-    tmp = os.path.join(root, "last_good.tmp-" + _rand())
+    tmp = os.path.join(root, LAST_GOOD + ".tmp-" + _rand())
     with open(tmp, "w") as f:
         f.write(rid + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.chmod(tmp, 0o644)
-    os.replace(tmp, os.path.join(root, "last_good"))
+    os.replace(tmp, last_good_path(root))
     fsync_dir(root)
 
 

@@ -28,7 +28,6 @@ import stat
 HASH_VERSION = b"dflash-release-v1\n"
 RELEASE_ID_LEN = 16
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", "checkpoints")
-MARKER_NAME = ".dflash-release"
 _CHUNK = 1024 * 1024
 
 KIND_DIR = "d"

@@ -20,18 +20,18 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_prune impo
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._release_install import (
     _is_fifo,
+    delta_base,
     install_release,
+    read_manifest,
     verify_release,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     delete_release,
-    delta_base,
     is_complete,
     list_releases,
     _Lock,
     read_current,
     read_last_good,
-    read_manifest,
     ReleaseModuleError,
     releases_dir,
     remove_path,

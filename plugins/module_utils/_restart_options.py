@@ -5,12 +5,28 @@
 equal): the job's settings, kept beside the job so that the module stays a thin dispatcher."""
 
 from ansible_collections.dflash.trainer.plugins.module_utils._install import ENV_CONTENT_OPTION, INSTALL_SUBOPTIONS
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import PREFLIGHT_SUBOPTIONS
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
-    DEFAULT_READY_REGEX,
-    DEFAULT_STEP_REGEX,
-    DEFAULT_TOKPS_REGEX,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight import PREFLIGHT_SUBOPTIONS
+from ansible_collections.dflash.trainer.plugins.module_utils._readiness import PROOF_SETTINGS, proof_options
+
+# The lease the job renews (trainer_lock_lease_s's default): a job that dies leaves the lock to expire after it.
+DEFAULT_LOCK_LEASE_S = 15
+
+
+def proof_option(name):
+    """The top-level option of proof setting ``name``: its type and default are the judge's
+    (_readiness.Expectations, the one table)."""
+    _variable, kind, default = PROOF_SETTINGS[name]
+    if kind == "tuple":
+        return dict(type="list", elements="str", default=list(default))
+    return dict(type=kind, default=default)
+
+
+def with_proof(params):
+    """``params`` with O(proof)'s settings (checked and typed against the judge's table) over the top-level
+    options of the same names -> params; ValueError naming the setting."""
+    params.update(proof_options(params.get("proof")))
+    return params
+
 
 RESTART_OPTIONS = dict(
     state=dict(type="str", choices=["start", "run", "wait", "stop", "preflight"], default="start"),
@@ -32,17 +48,17 @@ RESTART_OPTIONS = dict(
     gpu_foreign_mib=dict(type="dict", default={}),
     drain_timeout_s=dict(type="float", default=60),
     stop_timeout_s=dict(type="float", default=30),
-    min_mib=dict(type="int", default=1024),
-    ready_regex=dict(type="str", default=DEFAULT_READY_REGEX),
-    step_regex=dict(type="str", default=DEFAULT_STEP_REGEX),
-    tokps_regex=dict(type="str", default=DEFAULT_TOKPS_REGEX),
-    error_regexes=dict(type="list", elements="str", default=[]),
-    min_steps=dict(type="int", default=2),
-    hold_s=dict(type="float", default=10),
-    stall_s=dict(type="float", default=5),
-    timeout_s=dict(type="float", default=300),
-    interval_s=dict(type="float", default=0.5),
-    tail_lines=dict(type="int", default=20),
+    min_mib=proof_option("min_mib"),
+    ready_regex=proof_option("ready_regex"),
+    step_regex=proof_option("step_regex"),
+    tokps_regex=proof_option("tokps_regex"),
+    error_regexes=proof_option("error_regexes"),
+    min_steps=proof_option("min_steps"),
+    hold_s=proof_option("hold_s"),
+    stall_s=proof_option("stall_s"),
+    timeout_s=proof_option("timeout_s"),
+    interval_s=proof_option("interval_s"),
+    tail_lines=proof_option("tail_lines"),
     nvidia_smi=dict(type="str", default="nvidia-smi"),
     rollback=dict(type="bool", default=True),
     mark_good=dict(type="bool", default=True),
@@ -51,7 +67,10 @@ RESTART_OPTIONS = dict(
     owner=dict(type="str", default="unknown"),
     lock_path=dict(type="str", default=""),
     lock_token=dict(type="str", default="", no_log=False),
-    lock_lease_s=dict(type="int", default=30),
+    lock_lease_s=dict(type="int", default=DEFAULT_LOCK_LEASE_S),
+    # the proof's settings as one dict (the role passes them so: dflash.trainer.proof_options), over the
+    # top-level options of the same names; its keys are PROOF_SETTINGS'
+    proof=dict(type="dict", default={}),
     measure_s=dict(type="float"),
     measure_regexes=dict(type="dict", default={}),
     min_tokps_ratio=dict(type="float", default=0),

@@ -27,12 +27,12 @@ from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
     drain,
     expectations,
     prove,
-    purge,
     show,
     start,
     stop,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._config_id import job_config_id
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import CacheRefused, purge
 from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     ProvedConfig,
     change_reasons,
@@ -40,15 +40,25 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     install_all,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import outcome_words, pid_start, write_state
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import (
+    DIED,
+    ENDED,
+    NOT_ON_RECORD,
+    job_end,
+    outcome_words,
+    pid_start,
+    write_state,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils._ledger import append_ledger, ledger_path, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseKeeper, play_lease, release
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import mib_by_index
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import run_preflight
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight import run_preflight
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import collision, progress_start
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
     _Lock,
     read_current,
     read_last_good,
+    releases_dir,
     switch_current,
     write_last_good,
 )
@@ -56,7 +66,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import cut, mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import REASON_CHARS, append_ledger, read_ledger
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import REASON_CHARS
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, done, failed, waiting
 
 
@@ -88,7 +98,10 @@ class Steps(object):
         return details
 
     def purge(self):
-        return purge(self.p["purge_dir"])
+        try:
+            return purge(self.p["purge_dir"])
+        except CacheRefused as exc:  # refused: a step that failed, in the purge's words
+            raise StepFailed(exc.msg)
 
     def start(self):
         if self.p.get("progress_path"):  # the trainer is stopped: its progress file ends here
@@ -125,7 +138,7 @@ class Layout(object):
     def __init__(self, root, secrets=()):
         self.root = root
         self.secrets = secrets
-        self.ledger_path = os.path.join(root, "ledger.json")
+        self.ledger_path = ledger_path(root)
 
     def ledger(self):
         return read_ledger(self.ledger_path)
@@ -199,7 +212,7 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
     def make_job(keeper):
         steps = make_steps(p, systemctl, nvidia_smi, record.tick)
         return RestartJob(steps, Layout(p["root"], secrets), rollback=p["rollback"], purge=bool(p["purge_dir"]),
-                          on_phase=record.on_phase, releases_dir=os.path.join(p["root"], "releases"),
+                          on_phase=record.on_phase, releases_dir=releases_dir(p["root"]),
                           log_path=p["log_path"], source=p["source"] or None,
                           min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper, config=config,
                           config_id=lambda: job_config_id(p), release=p.get("release") or None,
@@ -239,7 +252,7 @@ def before_start(p, get_bin_path, run, systemctl, install=True):
     ``p["preflight"]`` (while the old trainer runs; its environment: ``p["environment_json"]``) and
     the install of ``p["install"]`` (the launcher, environment file ``p["env_content"]`` and unit), the play's lease renewed meanwhile (a pre-flight may outlast
     it) -> the fields for the module's result (``preflight``, ``install``); the files that changed
-    join ``p["reasons"]``. Raises _preflight_run.Refused (nothing installed) or
+    join ``p["reasons"]``. Raises _preflight.Refused (nothing installed) or
     _install.InstallError (nothing stopped)."""
     fields = {}
     lock = dict(path=p["lock_path"], token=p["lock_token"], lease_s=p["lock_lease_s"]) if p["lock_path"] else None
@@ -317,15 +330,17 @@ def job_ended(job_id):
     without an outcome (failed, -> its state); else the phase it is in."""
     def judge(observed, _elapsed):
         state, alive = observed
-        mine = state is not None and state.get("job_id") == job_id
-        if mine and state.get("done"):
+        end = job_end(state, alive, job_id)
+        if end == ENDED:
             return done(state)
-        if mine and not alive:
+        if end == DIED:
             return failed("restart job %s died in phase %s without an outcome" % (job_id, state.get("phase")), state)
-        phase = (state or {}).get("phase", "not started") if mine else "not started"
-        if mine and state.get("waiting"):
+        if end == NOT_ON_RECORD:
+            return waiting("not started", None)
+        phase = state.get("phase", "not started")
+        if state.get("waiting"):
             phase = "%s, %s" % (phase, state["waiting"])
-        return waiting(phase, state if mine else None)
+        return waiting(phase, state)
     return judge
 
 

@@ -6,9 +6,11 @@
 The module gathers facts (the unit's properties, the running trainer's environment, the start's
 log, ``current`` and ``last_good``, the ledger, the restart job's state, nvidia-smi's GPUs), hands
 them to the pure functions here and reports what they return. The few readers here take paths
-(``release_from_proc``, ``read_log``, ``read_release_marks``, ``read_log_chunk``) and judge
-nothing; the judges of the module's waits (``start_ended``, ``job_over``, ``log_arrived``) are
-pure predicates for the one waiter (``_wait.poll_until``).
+(``release_from_proc``, ``read_log``, ``read_log_chunk``; ``current`` and ``last_good`` are read by
+``_release_root``, the ledger by ``_ledger``) and judge nothing; the judges of the module's waits
+(``start_ended``, ``log_arrived``) are pure predicates for the one waiter (``_wait.poll_until``).
+What only trainer_begin decides - what the run may write, the lock and the restart job that may
+hold it - is ``_begin``'s: a read-only status ships no lock.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import outcome_words
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import REFUSE, STALE
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import ENDED, job_end, outcome_words
 from ansible_collections.dflash.trainer.plugins.module_utils._log_file import read_start
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import memory_by_index
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import KINDS, PROGRAM, observe, problems
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     exit_description,
     int_prop,
@@ -52,70 +52,7 @@ def wants_log(params):
 
 
 # ---------------------------------------------------------------------------------------------
-# what the run may write (O(owned)), judged before the lock is taken
-
-def ownership_problems(owned, look=observe):
-    """[variable: why] for what the run may not write or delete; ``look(path, kind)`` observes
-    each path (``_ownership.observe``: resolved on this host)."""
-    targets = []
-    for item in owned or []:
-        variable, kind, path = item.get("variable"), item.get("kind"), item.get("path")
-        # a program may be a name, looked up on the target (_ownership.program_item)
-        if kind not in KINDS or not isinstance(path, str) or not (path.startswith("/") or kind == PROGRAM and path):
-            return ["%s: the role passed an unknown kind %r or a relative path" % (variable, kind)]
-        targets.append((variable, kind, look(path, kind)))
-    return ["%s: %s" % (variable, why) for variable, why in problems(targets)]
-
-
-def refusal_message(refused):
-    """The failure message for the problems ``ownership_problems`` found."""
-    return "refused before any change on the target (%d problem%s):\n%s" % (
-        len(refused), "" if len(refused) == 1 else "s", "\n".join("- %s; accepted: a path that is absent or holds "
-                                                                  "what dflash.trainer wrote there" % r
-                                                                  for r in refused))
-
-
-# ---------------------------------------------------------------------------------------------
-# the lock (O(lock)) and the restart job that may hold it
-
-def lock_holder_job(out, state, alive):
-    """The restart job's ``state`` when the lock was refused (``out``, a ``_lock.Outcome``)
-    because that job holds it and still runs (``alive(state)``); else None."""
-    record = out.record
-    if out.ok or out.action != REFUSE or not record or not record.get("job"):
-        return None
-    if state is None or state.get("job_id") != record.get("job") or not alive(state):
-        return None
-    return state
-
-
-def lock_refusal(out):
-    """fail_json's arguments for a lock not taken (``out``, a ``_lock.Outcome``)."""
-    return dict(msg=out.msg, action=out.action, lock_refused=True,
-                **(dict(owner=out.owner()) if out.action == REFUSE else {}))
-
-
-def lock_taken(out, attached=None):
-    """RV(lock) for a lock taken: action and msg, what the run waited for (``attached``) and the
-    previous owner of a stale lock."""
-    taken = dict(action=out.action, msg=out.msg)
-    if attached:
-        taken["attached"] = attached
-    if out.action == STALE:
-        taken["previous_owner"] = out.owner()
-    return taken
-
-
-def job_over(job_id):
-    """Judge of (state, alive): the job ``job_id`` ended (done, died, or another job on record)."""
-    def judge(observed, _elapsed):
-        state, alive = observed
-        seen = state or {}  # no state file: nothing to wait for
-        if seen.get("job_id") != job_id or seen.get("done") or not alive:
-            return done(state)
-        return waiting("restart job %s to end" % job_id)
-    return judge
-
+# the restart job on record
 
 def job_summary(job, alive):
     """RV(last_job) of the job state on record (None when there is none); ``alive``: whether it runs."""
@@ -273,19 +210,6 @@ def read_log_chunk(p, unit_invocation, clock=time.monotonic, sleep=time.sleep):
 # ---------------------------------------------------------------------------------------------
 # the release root: current, last_good, the ledger
 
-def read_release_marks(root):
-    """(target of ``<root>/current`` or None when it is no symlink, text of ``<root>/last_good``
-    or None when it is no file) - read as they are, judged by ``release_fields``."""
-    current = os.path.join(root, "current")
-    link = os.readlink(current) if os.path.islink(current) else None
-    last_good = os.path.join(root, "last_good")
-    text = None
-    if os.path.isfile(last_good):
-        with open(last_good) as f:
-            text = f.read()
-    return link, text
-
-
 def release_fields(current_link, last_good_text, running_release):
     """current_release (the basename of ``current``'s target), last_good (its text, stripped;
     None when empty) and drift (both releases known and the running one not ``current``)."""
@@ -333,7 +257,8 @@ def stopped_on_purpose(state, props):
     result, with the job's id), when it still holds - the unit is not running and has not been started
     since (its ExecMainStartTimestamp is still the one the stop saw, or empty: no start since the
     container booted) - else None."""
-    if not state or state.get("kind") != STOP_KIND or not state.get("done"):
+    # (a stop that has not ended holds nothing yet, whether its process runs or not)
+    if not state or state.get("kind") != STOP_KIND or job_end(state, False) != ENDED:
         return None
     stopped = (state.get("result") or {}).get("stopped")
     if not isinstance(stopped, dict) or is_running(props):

@@ -10,6 +10,7 @@ import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._config_id import installed_config, unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._ledger import ledger_path, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
@@ -22,7 +23,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._status import (
     log_fields,
     read_log,
     read_log_chunk,
-    read_release_marks,
     release_fields,
     release_from_proc,
     status_health,
@@ -31,8 +31,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._status import (
     wants_log,
     watch,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._release_root import read_release_marks
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, parse_show, runtime_s, show_argv
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows, read_ledger
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import history_rows
 
 # the read's options, as both modules take them
 READ_OPTIONS = dict(
@@ -73,7 +74,7 @@ def read_status(module, p, run, systemctl):
         result["watched_s"] = watched
     if p["trainer_root"]:
         result.update(release_fields(*read_release_marks(p["trainer_root"]), running_release=result["running_release"]))
-        ledger = read_ledger(os.path.join(p["trainer_root"], "ledger.json"))
+        ledger = read_ledger(ledger_path(p["trainer_root"]))
         # a deliberate stop on record (trainer_restart state=stop) that still holds: not running is no failure
         stopped = stopped_on_purpose(read_state(p["job_state_path"]), props) if p["job_state_path"] else None
         result["health"] = status_health(ledger, result, seconds, time.time(), stopped=stopped)

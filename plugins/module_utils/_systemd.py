@@ -8,6 +8,9 @@ from __future__ import annotations
 import re
 import signal
 
+# systemd's default PATH for system units (a unit without Environment=PATH= gets this)
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 # Properties the trainer modules read. Each activation gets a new InvocationID; NRestarts
 # counts automatic restarts; the ExecMain* pair tells how and when the main process ended.
 SHOW_PROPERTIES = (

@@ -1,12 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Each release's measured throughput, the release ledger, the comparison and the gate (pure,
-unit-tested; the ledger's file I/O is two small functions).
+"""Each release's measured throughput, the release ledger's entries, the comparison and the gate
+(pure, unit-tested; the ledger's file - its reader, writer and lock - is ``_ledger``'s).
 
 The proof's window (and, when ``trainer_measure_s`` is longer, the seconds after it) gives the
 tok/s samples of this start: median, p10, p90, their number, plus any figure the user names by
-regex. The ledger (``<trainer_root>/ledger.json``, written atomically, the last ``LEDGER_KEEP``
+regex. The ledger (``<trainer_root>/ledger.json``, written atomically, the last ``_ledger.LEDGER_KEEP``
 entries) keeps per experiment - a release and a configuration: release id, configuration id (a
 keyed hash of the trainer's command and environment, ``_config_id``; absent in entries written
 before it), time, source (git commit + dirty, or content hash), verdict (proved / failed: reason /
@@ -22,17 +22,10 @@ values, counted as ``unreadable``), never stored as a different number.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import math
-import os
 import re
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
-
-LEDGER_KEEP = 50
 PROVED = "proved"
 # a proved entry's start of the trainer may be read a little before the proof's own clock
 START_SLACK_S = 2.0
@@ -258,44 +251,6 @@ def entry(release, verdict, figures=None, source=None, reason=None, now=None, co
 
 
 REASON_CHARS = 500
-
-
-def read_ledger(path):
-    """The ledger's entries (oldest first); [] when absent or unreadable."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (IOError, OSError, ValueError):
-        return []
-    entries = data.get("entries") if isinstance(data, dict) else None
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
-
-
-@contextlib.contextmanager
-def ledger_lock(path):
-    """Hold ``<path>.lock`` (flock) for one read-modify-write of the ledger. The ledger has two
-    writers - the restart job (a verdict) and the launcher (a death after the proof, the launcher's
-    copy of this function) - and neither may lose the other's entry. The lock file is created 0600,
-    never through a symlink."""
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the flock
-
-
-def write_ledger(path, entries):
-    """Atomically, fsynced, mode 0600, never through a symlink."""
-    replace_private(path, json.dumps({"version": 1, "entries": entries}, sort_keys=True, indent=1), sync=True)
-
-
-def append_ledger(path, new_entries, keep=LEDGER_KEEP):
-    """Append and keep the last ``keep`` entries, under the ledger's lock."""
-    with ledger_lock(path):
-        entries = (read_ledger(path) + list(new_entries))[-keep:]
-        write_ledger(path, entries)
-    return entries
 
 
 # --- a death after the proof ---------------------------------------------------------------------

@@ -985,7 +985,7 @@ def check(v, entry="main"):
 def target_problems(v, gpus=None, unit=None, unit_path=None):
     """Checks on what the first reads of the target returned, before anything changes.
 
-    ``gpus``: gpu_info's list (index, memory_total_mib); ``unit``: trainer_status's view of the
+    ``gpus``: trainer_status's ``gpus`` list (index, memory_total_mib); ``unit``: trainer_status's view of the
     unit (load_state, fragment_path, description).
     """
     problems = []

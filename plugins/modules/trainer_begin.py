@@ -102,9 +102,33 @@ options:
         type: float
         default: 0
       job_wait_s:
-        description: How long to wait for a running restart job that holds the lock.
+        description:
+          - How long to wait for a running restart job that holds the lock.
+          - Default - the restart job's budget from O(settings) (1800 without them); V(0) for a trainer group's
+            member (O(intent.hold)), whose earlier job still running refuses the group.
         type: float
-        default: 1800
+  settings:
+    description:
+      - The role's settings the plan derives the run's job from - its budget (seconds), how long the play watches
+        the job (V(job_budget_s), V(watch_retries) of RV(plan)) and waits for an earlier one (O(lock.job_wait_s)),
+        and the throughput gate (V(min_tokps_ratio) of RV(plan)). An unset setting counts as 0.
+    type: dict
+    suboptions:
+      stop_timeout_s:
+        description: The unit's TimeoutStopSec.
+        type: float
+      drain_timeout_s:
+        description: How long the GPU drain may take.
+        type: float
+      ready_timeout_s:
+        description: The proof's deadline.
+        type: float
+      measure_s:
+        description: The throughput window after the proof (0 - none).
+        type: float
+      min_tokps_ratio:
+        description: The throughput gate of an ordinary deploy (a forced one, O(intent.force), has none).
+        type: float
 attributes:
   check_mode:
     support: full
@@ -130,6 +154,8 @@ plan:
     - The run's plan - V(entry), V(release) (what runs once it is carried out), V(restart), V(reasons), V(preflight),
       V(upload) (the release is not C(current) - send it), V(install) (files to install with no restart due),
       V(refused) (why nothing may be done), V(no_op) (nothing past this call), V(current), V(last_good).
+    - With O(settings), V(job_budget_s) (how long the play watches the run's job), V(watch_retries) (how many
+      watch calls of 10 s that takes) and V(min_tokps_ratio) (the throughput gate of its job).
   returned: success, or failure when the plan refuses
   type: dict
 lock_holder:
@@ -163,6 +189,14 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._begin import (
+    job_over,
+    lock_holder_job,
+    lock_refusal,
+    lock_taken,
+    ownership_problems,
+    refusal_message,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     ENV_CONTENT_OPTION,
     INSTALL_SUBOPTIONS,
@@ -171,19 +205,11 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, lock_holder, make_plan
+from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, job_wait_s, lock_holder, make_plan
 from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import order_newest_first
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import list_releases
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._status import (
-    job_over,
-    lock_holder_job,
-    lock_refusal,
-    lock_taken,
-    ownership_problems,
-    refusal_message,
-)
 from ansible_collections.dflash.trainer.plugins.module_utils._status_read import READ_OPTIONS, read_status
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 
@@ -235,6 +261,13 @@ def main():
                 hold=dict(type="bool", default=False),
             )),
             owned=dict(type="list", elements="dict", default=[]),
+            settings=dict(type="dict", options=dict(
+                stop_timeout_s=dict(type="float"),
+                drain_timeout_s=dict(type="float"),
+                ready_timeout_s=dict(type="float"),
+                measure_s=dict(type="float"),
+                min_tokps_ratio=dict(type="float"),
+            )),
             install=dict(type="dict", options=INSTALL_SUBOPTIONS),
             env_content=ENV_CONTENT_OPTION,
             lock=dict(type="dict", options=dict(
@@ -244,7 +277,7 @@ def main():
                 stale_s=dict(type="int", default=3600),
                 lease_s=dict(type="int"),
                 wait_s=dict(type="float", default=0),
-                job_wait_s=dict(type="float", default=1800),
+                job_wait_s=dict(type="float"),
             )),
         ),
         supports_check_mode=True,
@@ -253,6 +286,8 @@ def main():
     refused = ownership_problems(p["owned"])
     if refused:
         module.fail_json(msg=refusal_message(refused), problems=refused, lock_refused=True, lock_holder="nobody")
+    if p["lock"] and p["lock"]["job_wait_s"] is None:
+        p["lock"]["job_wait_s"] = job_wait_s(p["intent"], p["settings"])
     taken = take_lock(module, p["lock"], p["job_state_path"]) if p["lock"] and not module.check_mode else None
     systemctl = module.get_bin_path("systemctl", required=True)
     run = ModuleRunner(module)  # each command bounded: 30 s
@@ -263,7 +298,7 @@ def main():
         result["install"], diff = compare_install(module, run, systemctl)
         if diff:  # diff mode: the files the deploy installs, the environment masked
             result["diff"] = diff
-    plan = result["plan"] = make_plan(p["intent"], result, result.get("install"))
+    plan = result["plan"] = make_plan(p["intent"], result, result.get("install"), settings=p["settings"])
     result["lock_holder"] = "play" if taken is not None else "nobody"
     if taken is not None:
         result["lock"] = taken

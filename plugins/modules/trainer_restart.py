@@ -70,7 +70,7 @@ options:
     default: "{}"
   preflight:
     description:
-      - With O(state=start), pre-flight the release first, as M(dflash.trainer.trainer_preflight) does (the
+      - With O(state=start), pre-flight the release first, as O(state=preflight) does (the
         same checks and options), while the old trainer still runs; a refusal fails the task with
         RV(preflight_refused), and nothing is installed, stopped or started. O(install) comes next, then the
         job. The play's lease (O(lock_path), O(lock_token)) is renewed meanwhile.
@@ -176,7 +176,11 @@ options:
     description: Lines that fail the proof at once.
     type: list
     elements: str
-    default: []
+    default:
+      - 'Traceback \(most recent call last\)'
+      - CUDA out of memory
+      - OutOfMemoryError
+      - NCCL error
   min_steps:
     description: Increasing step values needed.
     type: int
@@ -192,7 +196,7 @@ options:
   timeout_s:
     description: The proof's deadline.
     type: float
-    default: 300
+    default: 900
   interval_s:
     description: Poll interval of the proof.
     type: float
@@ -242,7 +246,15 @@ options:
   lock_lease_s:
     description: The lease the job renews (a job that dies leaves the lock to expire after this).
     type: int
-    default: 30
+    default: 15
+  proof:
+    description:
+      - The proof's settings as one dict, over the options of the same names - V(min_mib), V(min_steps), V(hold_s),
+        V(stall_s), V(timeout_s), V(tail_lines), V(ready_regex), V(step_regex), V(tokps_regex), V(error_regexes),
+        V(interval_s) and any setting the judge gains (the role passes them so, from its variables).
+      - An unknown key, or a value of the wrong type, fails the task before anything is started.
+    type: dict
+    default: {}
   measure_s:
     description: The throughput window (s) ending after the proof; longer than O(hold_s) keeps watching
       after ready. Unset - the hold.
@@ -404,9 +416,8 @@ result:
       returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
       type: bool
     proof:
-      description: 'What proved the release ready (as M(dflash.trainer.trainer_ready) returns it: release,
-        invocation_id, main_pid, gpus_mib, step, tok_s, seconds_to_ready, with the measured C(figures)); V(null)
-        unless it was proved.'
+      description: 'What proved the release ready (release, invocation_id, main_pid, gpus_mib, step, tok_s,
+        seconds_to_ready, with the measured C(figures)); V(null) unless it was proved.'
       returned: unless the job stopped before its cycle (a lost lease, a crash, an invalid pattern)
       type: dict
     started:
@@ -498,10 +509,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils._install import InstallError
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import Refused
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight import Refused
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import collision
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS, with_proof
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
     before_start,
     detach,
@@ -605,6 +616,10 @@ def wait(module, clock=time.monotonic, sleep=time.sleep):
 
 def main():
     module = AnsibleModule(argument_spec=RESTART_OPTIONS, supports_check_mode=True)
+    try:
+        with_proof(module.params)
+    except ValueError as exc:  # before anything is started: the lock is still the play's
+        module.fail_json(msg=str(exc), not_started=True, lock_holder="play")
     if module.params["wait_s"] is None:
         module.params["wait_s"] = 30 if module.params["state"] == "wait" else 0
     if module.params["state"] == "wait":

@@ -35,7 +35,7 @@ options:
         variables and C(proxmox_vmid), C(ansible_connection); give it only to check other values.
     type: dict
   gpus:
-    description: gpu_info's C(gpus) list, to check C(trainer_gpus) and C(trainer_gpu_min_mib) against the target.
+    description: trainer_status's C(gpus) list, to check C(trainer_gpus) and C(trainer_gpu_min_mib) against the target.
     type: list
     elements: dict
   unit:

@@ -69,7 +69,6 @@ def scratch_ct(lab):
     return SCRATCH_CT
 
 
-
 # Parallel runs (make test-lab: pytest-xdist, --dist loadfile: each file on one worker, in order, with its
 # module fixtures). A test file listed here uses only lab containers of its own and no lab-wide state (the
 # allow lists, the node's tenants, a delay for every container, the default containers 200/201, the

@@ -8,10 +8,12 @@ minute.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -33,7 +35,8 @@ def inv(lab, tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     base = tmp_path_factory.mktemp("interrupted")
-    conn = lab.conn_vars()
+    # this file's own ssh master (short: a socket path), so cutting its connection cuts no other test's
+    conn = dict(lab.conn_vars(), ansible_control_path_dir=tempfile.mkdtemp(prefix="cp", dir="/tmp"))
     path = base / "hosts.json"
     path.write_text(json.dumps({"all": {"hosts": {"ir": {"proxmox_vmid": int(CT)}}, "vars": conn}}))
     # memory of a stopped trainer lingers 3 s: the drain phase lasts long enough to be interrupted
@@ -92,6 +95,33 @@ def current(lab):
     return os.path.basename(lab.ct(CT, "readlink", "/opt/dflash-trainer/current").stdout.strip())
 
 
+def pct_calls():
+    """The pids of the lab host's `pct exec CT` calls running now."""
+    res = subprocess.run(["pgrep", "-f", "pct exec %s " % CT], capture_output=True, text=True, check=False)
+    return set(res.stdout.split())
+
+
+def inv_control_path_dir(inv_path):
+    with open(inv_path) as fh:
+        return json.load(fh)["all"]["vars"]["ansible_control_path_dir"]
+
+
+def cut_ssh(lab, cp_dir):
+    """SIGKILL the lab sshd's processes on the TCP connections of the ssh master under ``cp_dir``
+    (a connection dropped under this play only); the pids killed."""
+    masters = set(subprocess.run(["pgrep", "-f", "^ssh: %s/" % cp_dir], capture_output=True, text=True,
+                                 check=False).stdout.split())
+    conns = [line.split() for line in subprocess.run(["ss", "-tnpH"], capture_output=True, text=True,
+                                                     check=True).stdout.splitlines()]
+    ports = {c[3].rsplit(":", 1)[1] for c in conns
+             if len(c) >= 6 and set(re.findall(r"pid=(\d+)", c[5])) & masters}
+    served = {pid for c in conns if len(c) >= 6 and c[3].endswith(":%d" % lab.port)
+              and c[4].rsplit(":", 1)[1] in ports for pid in re.findall(r"pid=(\d+)", c[5])}
+    for pid in served:
+        os.kill(int(pid), signal.SIGKILL)
+    return served
+
+
 def interrupt(lab, inv_path, src, when, how="sigkill", extra=None):
     """Start a deploy, interrupt it when ``when(lab)`` first holds, return the job id seen then."""
     before = (job_state(lab) or {}).get("job_id")
@@ -105,12 +135,14 @@ def interrupt(lab, inv_path, src, when, how="sigkill", extra=None):
         elif how == "sigint":
             os.killpg(proc.pid, signal.SIGINT)
         elif how == "pct-hang":  # pct stops answering (the lab pct's per-container delay), then the play is killed
+            calls = pct_calls()
             with open(os.path.join(DELAY_DIR, "pct-delay.%s" % CT), "w") as fh:
                 fh.write("3600\n")
-            time.sleep(3)  # the controller's next call is now stuck in pct
+            # the controller's next call (the watch's, 10 s apart at most) is stuck in pct
+            assert wait_for(lambda: pct_calls() - calls, timeout=30, interval=0.2), "no pct call after the hang"
             os.killpg(proc.pid, signal.SIGKILL)
-        else:  # cut the ssh connection: every sshd session serving the play
-            subprocess.run(["pkill", "-KILL", "-f", "sshd: %s@" % lab.user], check=False)
+        else:  # cut the ssh connection: the sshd sessions serving this play's own master
+            assert cut_ssh(lab, inv_control_path_dir(inv_path)), "no sshd session served the play"
         proc.wait(timeout=60)
         assert proc.returncode != 0
     finally:

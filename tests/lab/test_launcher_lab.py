@@ -157,8 +157,9 @@ def test_a_container_users_links_and_files_are_never_written_or_removed():
         assert csh("stat -c '%%u %%a' %s %s.start" % (U_LOG, U_LOG)).stdout.split() == ["0", "640", "0", "640"]
         record = json.loads(csh("cat %s.start" % U_LOG).stdout)
         assert record["pid"] == int(pid) and record["inode"] == int(csh("stat -c %%i %s" % U_LOG).stdout)
-        # the user swaps the log for a link to root's file: the launcher refuses to reopen it
-        as_user("mv %s %s.old && ln -s %s %s" % (U_LOG, U_LOG, VICTIM_PATH, U_LOG))
+        # the user swaps the log for a link to root's file (one rename: the launcher, rotating, may make a
+        # new log at any moment): the launcher refuses to reopen it
+        as_user("ln -s %s %s.lnk && mv -T %s.lnk %s" % (VICTIM_PATH, U_LOG, U_LOG, U_LOG))
         inv = csh("systemctl show -p InvocationID --value %s.service" % U_UNIT).stdout.strip()
         assert wait_for(lambda: "cannot write the log %s" % U_LOG in csh(
             "journalctl -u %s.service _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager" % (U_UNIT, inv)).stdout,

@@ -11,10 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
-from labkit import wait_for
+from labkit import holds, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "238"
@@ -85,16 +84,15 @@ def test_a_racing_deploy_during_a_long_upload_is_refused(lab, env):
     assert writer, "the release's stream into the container never began"
     assert lab.ct(CT, "kill", "-STOP", writer).returncode == 0
     try:
-        # the upload is held: past the lease the play took, only its renewals keep the lock
-        began = time.monotonic()
-        while time.monotonic() - began < LEASE + 1:
-            time.sleep(0.5)
+        # the upload is held: past the lease the play took, only its renewals keep the lock (there throughout)
+        held = holds(lambda: lab.ct(CT, "test", "-e", LOCK).returncode == 0, LEASE + 1, interval=0.5)
         still_uploading = lab.ct(CT, "sh", "-c", "ls -d /opt/dflash-trainer/releases/.tmp-*").returncode == 0
         b = play(inv_path, base, "racer", {"trainer_force_restart": True})
         out_b = b.communicate(timeout=300)[0]
     finally:
         lab.ct(CT, "kill", "-CONT", writer)
     out_a = a.communicate(timeout=600)[0]
+    assert held, "A's lock went while its release's stream was held"
     assert still_uploading, "release A's unpacking was not under way while its stream was held"
     assert b.returncode != 0 and "another deploy holds" in out_b, out_b[-3000:]
     assert a.returncode == 0 and "ready: release" in out_a, out_a[-3000:]

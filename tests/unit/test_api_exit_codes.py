@@ -14,12 +14,18 @@ from dflash_trainer.__main__ import build_parser, main
 from dflash_trainer.results import EXIT_CODES, RunResult, build_run_result
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "runner_events")
-GOOD, NEW = "dda2287ea665b415", "f46db2d746e6dc57"
 
 
 def events(name):
     with open(os.path.join(FIXTURES, name + ".json")) as fh:
         return json.load(fh)
+
+
+def current(name, host="gpu-host"):
+    """What current pointed at when the run began (its plan, as trainer_begin returned it)."""
+    return [e["event_data"]["res"]["plan"]["current"] for e in events(name)
+            if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_begin" and
+            e["event"] == "runner_on_ok" and e["event_data"].get("host") == host][0]
 
 
 def ok_stats(*hosts, failures=(), dark=()):
@@ -32,16 +38,21 @@ def event(kind, host, action, res, task="t"):
     return {"event": kind, "event_data": {"host": host, "task": task, "resolved_action": action, "res": res}}
 
 
-CASES = [
+CASES = [  # (fixture, ansible-runner's rc and status for it, the exit code)
     ("status_ok", 0, "successful", 0),
+    ("status_stopped", 0, "successful", 0),  # stopped on purpose: not unhealthy
+    ("deploy_first_proved", 0, "successful", 0),
     ("deploy_restarted_proved", 0, "successful", 0),
-    ("deploy_job_proved", 0, "successful", 0),
+    ("deploy_no_op", 0, "successful", 0),
     ("rollback_named_release", 0, "successful", 0),
+    ("stop_ok", 0, "successful", 0),
+    ("start_proved", 0, "successful", 0),
     ("deploy_ready_failed_rolled_back", 2, "failed", 1),  # the proof failed, rolled back
-    ("deploy_start_failed_no_rollback", 2, "failed", 1),  # the start failed, nothing to roll back to
-    ("deploy_timeout_no_recap", 254, "timeout", 1),  # stopped by --timeout in the middle
+    ("deploy_start_failed_no_rollback", 2, "failed", 1),  # the proof failed, nothing to roll back to
+    ("status_two_hosts_one_unhealthy", 2, "failed", 1),  # one trainer not running
+    ("deploy_timeout_no_recap", 254, "timeout", 1),  # stopped by the runner's timeout in the middle
     ("deploy_preflight_refused", 2, "failed", 2),  # trainer_restart: not_started, preflight_refused
-    ("deploy_lock_held", 2, "failed", 2),  # trainer_status: lock_refused
+    ("deploy_lock_held", 2, "failed", 2),  # trainer_begin: lock_refused
     ("deploy_bad_input", 2, "failed", 2),  # trainer_validate failed
     ("status_two_hosts_one_unreachable", 4, "failed", 3),
 ]
@@ -68,12 +79,16 @@ def test_the_cli_exits_with_the_same_code(monkeypatch, capsys, name, rc, status,
 
 def test_refusals_are_read_from_the_modules_flags():
     refused = build_run_result(events("deploy_preflight_refused"), rc=2, status="failed").hosts["gpu-host"]
-    # the rescue put current back (a trainer_release rollback): no rollback of a started release
+    # the release was uploaded beside the running one; the job never started: current is where it was
     assert refused.refused and not refused.rolled_back and not refused.restarted and not refused.unreachable
-    assert (refused.release, refused.previous_release) == (GOOD, NEW)
-    assert refused.failed_task == "Fail with the reason" and refused.reason.startswith("pre-flight refused")
+    running = current("deploy_preflight_refused")
+    assert (refused.release, refused.previous_release) == (running, running)
+    assert refused.failed_task.startswith("Fail with the reason") and refused.reason.startswith(
+        "pre-flight refused the release (the running trainer is untouched): trainer_preflight_command exited")
     lock = build_run_result(events("deploy_lock_held"), rc=2, status="failed").hosts["gpu-host"]
-    assert lock.refused and lock.reason.startswith("the deploy lock is held by alice on ws1")
+    assert lock.refused and lock.reason.startswith("another deploy holds /run/dflash-trainer.deploy.lock: ")
+    bad = build_run_result(events("deploy_bad_input"), rc=2, status="failed").hosts["gpu-host"]
+    assert bad.refused and "trainer_ready_stall_s: is longer than trainer_ready_hold_s" in bad.reason
     # the same failure without the module's flag is a failure, not a refusal
     evs = copy.deepcopy(events("deploy_preflight_refused"))
     for e in evs:
@@ -82,7 +97,8 @@ def test_refusals_are_read_from_the_modules_flags():
         res.pop("preflight_refused", None)
     assert build_run_result(evs, rc=2, status="failed").exit_code == 1
     evs = copy.deepcopy(events("deploy_lock_held"))
-    evs[-2]["event_data"]["res"].pop("lock_refused")
+    for e in evs:
+        e.get("event_data", {}).get("res", {}).pop("lock_refused", None)
     assert build_run_result(evs, rc=2, status="failed").exit_code == 1
 
 

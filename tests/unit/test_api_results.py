@@ -10,10 +10,9 @@ import pytest
 
 from dflash_trainer import api
 from dflash_trainer.__main__ import describe, main, parse_extravar
-from dflash_trainer.results import HostResult, Proof, RunResult, TrainerStatus, build_run_result
+from dflash_trainer.results import HostResult, RunResult, TrainerStatus, build_run_result
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "runner_events")
-GOOD, BAD = "dda2287ea665b415", "f46db2d746e6dc57"
 
 
 def events(name):
@@ -21,8 +20,32 @@ def events(name):
         return json.load(fh)
 
 
+def plan(name, host="gpu-host"):
+    """The run's plan as trainer_begin returned it: the fixture's own word for the release the run brings."""
+    for e in events(name):
+        d = e["event_data"]
+        if e["event"] == "runner_on_ok" and d.get("host") == host and \
+                d.get("resolved_action") == "dflash.trainer.trainer_begin":
+            return d["res"]["plan"]
+    raise AssertionError("%s: no trainer_begin result for %s" % (name, host))
+
+
+# the releases of the recorded runs (record.py): the stand-in trainer, a second release of it, one whose
+# trainer fails at import
+FIRST = plan("deploy_first_proved")["release"]
+SECOND = plan("deploy_restarted_proved")["release"]
+BAD = plan("deploy_ready_failed_rolled_back")["release"]
+
+
 def build(name, rc=0, status="successful"):
     return build_run_result(events(name), rc=rc, status=status)
+
+
+def assert_proved(h, release):
+    p = h.proof
+    assert p is not None and p.release == release and p.main_pid > 0 and p.step >= 1 and p.tok_s > 0, p
+    assert len(p.invocation_id) == 32 and p.seconds_to_ready > 0 and "tok/s=" in p.matched_line
+    assert sorted(p.gpus_mib) == list(range(8)) and min(p.gpus_mib.values()) >= 1024
 
 
 def test_status_recorded_from_the_lab():
@@ -31,78 +54,116 @@ def test_status_recorded_from_the_lab():
     h = r.hosts["gpu-host"]
     assert (h.ok, h.changed, h.failed_task, h.reason, h.restarted, h.rolled_back, h.proof) == \
         (True, False, None, None, False, False, None)
-    assert h.status == TrainerStatus(
-        active=False, active_state="inactive", sub_state="dead", main_pid=0, n_restarts=0, running_release=None,
-        current_release=GOOD, last_good=None, drift=False, gpus_mib={i: 0 for i in range(8)},
-        last_progress_line=None, tok_s=None, seconds_since_start=None)
-    assert r.stats["ok"] == {"gpu-host": 4}
+    s = h.status
+    assert s.active and (s.active_state, s.sub_state) == ("active", "running") and s.main_pid > 0
+    assert s.running_release == s.current_release == s.last_good == FIRST and s.drift is False
+    assert sorted(s.gpus_mib) == list(range(8)) and min(s.gpus_mib.values()) >= 1024
+    assert "tok/s=" in s.last_progress_line and s.tok_s > 0 and s.health["ok"] is True
+    assert h.verdict("status") == "healthy" and r.stats["failures"] == {}
 
 
-def test_deploy_that_restarted_and_proved():
-    h = build("deploy_restarted_proved").hosts["gpu-host"]
+def test_first_deploy_restarted_and_proved():
+    h = build("deploy_first_proved").hosts["gpu-host"]
     assert h.ok and h.changed and h.restarted and not h.rolled_back
     assert (h.failed_task, h.reason, h.log_tail) == (None, None, [])
-    # the release step did not switch (same content): release == previous; mark_good does not count
-    assert (h.release, h.previous_release) == (GOOD, GOOD)
-    assert h.proof == Proof(
-        release=GOOD, invocation_id="5944fd1aede64fa2bb6a1a0b32a7c2e6", main_pid=2604,
-        gpus_mib={0: 60000, 1: 60000, 2: 60000, 3: 60000, 4: 60000, 5: 30000, 6: 30000, 7: 30000},
-        matched_line="step=12 loss=7.9080 tok/s=42145.5 queue_target=10 queue_drafter=1",
-        tok_s=42145.5, step=12, seconds_to_ready=14.017)
-    # the last trainer_status of a deploy is the read after the stop
-    assert h.status.active is False and h.status.active_state == "inactive"
+    assert (h.release, h.previous_release) == (FIRST, None)  # nothing was current before
+    assert_proved(h, FIRST)
+    assert "trainer not running" in h.reasons and h.outcome.startswith("ready: release %s proved" % FIRST)
+    assert h.verdict("deploy") == "proved" and h.elapsed_s > 0
 
 
-def test_rescued_failure_is_not_the_reason_the_final_fail_is():
-    r = build("deploy_start_failed_no_rollback", rc=2, status="failed")
-    assert not r.ok and r.failed_hosts == ["gpu-host"]
+def test_deploy_of_a_new_release_restarted_proved_and_compared():
+    h = build("deploy_restarted_proved").hosts["gpu-host"]
+    assert h.ok and h.restarted and not h.rolled_back
+    assert (h.release, h.previous_release) == (SECOND, FIRST)
+    assert_proved(h, SECOND)
+    assert h.reasons[0] == "release switched to %s" % SECOND
+    assert h.comparison["previous_release"] == FIRST and h.comparison["words"].startswith("release %s" % SECOND)
+    assert h.config and h.config == h.previous_config  # the same command and environment
+    assert h.figures["tok_s"]["n"] >= 1
+
+
+def test_a_deploy_that_changes_nothing():
+    r = build("deploy_no_op")
     h = r.hosts["gpu-host"]
-    assert not h.ok and h.failed_task == "Fail without rollback"
-    assert h.reason.startswith("Unable to start unit dflash-trainer: Job for dflash-trainer.service failed")
-    assert "No rollback:" in h.reason
-    assert not h.restarted and not h.rolled_back and h.proof is None
-    assert (h.release, h.previous_release) == (BAD, GOOD)
-    assert r.stats["rescued"] == {"gpu-host": 1}
+    assert h.ok and not h.changed and not h.restarted and h.proof is None and h.reasons == []
+    assert (h.release, h.previous_release) == (FIRST, FIRST)  # the release current points at, not switched
+    assert h.verdict("deploy") == "unchanged" and r.exit_code == 0
 
 
 def test_failed_proof_rolled_back_and_proved_the_last_good_release():
     r = build("deploy_ready_failed_rolled_back", rc=2, status="failed")
     h = r.hosts["gpu-host"]
-    assert not r.ok and not h.ok
-    assert h.failed_task == "Fail the deploy, saying what failed and what runs now"
-    assert h.reason.startswith("trainer exited with status 1 after 0.6 s: ModuleNotFoundError")
-    assert "Rolled back: the last good release %s runs again" % GOOD in h.reason
+    assert not r.ok and not h.ok and not h.refused
+    assert h.failed_task == "Fail, saying what failed and what runs now"
+    assert h.reason.startswith("trainer exited with status 1 after ") and \
+        "ModuleNotFoundError: No module named 'flash_attn'" in h.reason
     assert h.rolled_back and h.restarted
-    assert (h.release, h.previous_release) == (GOOD, BAD)  # what current points at now, and what was rolled off
-    assert h.proof.release == GOOD and h.proof.main_pid == 4242 and h.proof.step == 13  # the rollback's proof
+    assert (h.release, h.previous_release) == (SECOND, BAD)  # what current points at now, and what was rolled off
+    assert_proved(h, SECOND)  # the rollback's proof
     assert h.log_tail[-1] == "ModuleNotFoundError: No module named 'flash_attn'"  # the failed start's log
-    assert h.status.current_release == BAD and h.status.last_good == GOOD
+    assert h.status.current_release == h.status.last_good == SECOND  # the read before the restart
 
 
-def test_rollback_without_invocation_is_recognised_by_its_keys():
+def test_a_failed_start_with_no_release_to_roll_back_to():
+    r = build("deploy_start_failed_no_rollback", rc=2, status="failed")
+    assert not r.ok and r.failed_hosts == ["spare-host"]
+    h = r.hosts["spare-host"]
+    assert h.failed_task == "Fail, saying what failed and what runs now"
+    assert h.reason.startswith("trainer exited with status 1 after ") and "flash_attn" in h.reason
+    assert h.outcome.startswith("No rollback: no other release")
+    assert not h.rolled_back and h.proof is None and h.log_tail[-1].endswith("No module named 'flash_attn'")
+    assert (h.release, h.previous_release) == (BAD, None)
+    assert r.stats["rescued"] == {} and h.exit_code == 1
+
+
+def test_rollback_to_a_named_release():
     h = build("rollback_named_release").hosts["gpu-host"]
     assert h.ok and h.rolled_back and h.restarted
-    assert (h.release, h.previous_release) == (GOOD, BAD)
-    assert h.proof.tok_s == pytest.approx(41987.2) and h.proof.seconds_to_ready == pytest.approx(13.8)
+    assert (h.release, h.previous_release) == (FIRST, SECOND)
+    assert_proved(h, FIRST)
+    assert h.reasons == ["rollback from %s to %s" % (SECOND, FIRST)]
 
 
-def test_unreachable_host_and_lenient_values():
+def test_stop_start_and_the_status_between():
+    stop = build("stop_ok").hosts["gpu-host"]
+    assert stop.ok and stop.changed and not stop.restarted and stop.proof is None
+    assert stop.outcome.startswith("stopped dflash-trainer: release %s" % FIRST) and "GPUs drained" in stop.outcome
+    stopped = build("status_stopped").hosts["gpu-host"]
+    assert stopped.ok and not stopped.status.active and stopped.verdict("status") == "stopped"
+    start = build("start_proved").hosts["gpu-host"]
+    assert start.ok and start.restarted and (start.release, start.previous_release) == (FIRST, FIRST)
+    assert_proved(start, FIRST)
+    assert start.reasons[0].startswith("start requested (stopped on purpose by ")
+
+
+def test_status_of_two_hosts_one_not_running():
+    r = build("status_two_hosts_one_unhealthy", rc=2, status="failed")
+    assert sorted(r.hosts) == ["gpu-host", "spare-host"] and not r.ok and r.failed_hosts == ["spare-host"]
+    up, down = r.hosts["gpu-host"], r.hosts["spare-host"]
+    assert up.ok and up.status.active and up.status.running_release == FIRST
+    assert not down.ok and not down.unreachable and down.status.active is False
+    assert down.failed_task == "Fail unless the trainer runs its proved release healthily"
+    assert down.reason.startswith("dflash-trainer is not running its proved release healthily: not running")
+    assert down.verdict("status") == "unhealthy" and r.exit_code == 1
+
+
+def test_unreachable_host():
     r = build("status_two_hosts_one_unreachable", rc=4, status="failed")
-    assert sorted(r.hosts) == ["lab-200", "lab-201"] and not r.ok and r.failed_hosts == ["lab-201"]
-    up, down = r.hosts["lab-200"], r.hosts["lab-201"]
-    assert up.ok and up.status.active and up.status.drift and up.status.main_pid == 4242
-    assert up.status.gpus_mib == {0: 70000, 1: 70000}  # "70000" converted, null dropped
-    assert (up.status.running_release, up.status.current_release, up.status.n_restarts) == (BAD, GOOD, 2)
-    assert not down.ok and down.status is None
-    assert down.failed_task == "Read the trainer's state"
-    assert down.reason.startswith("Failed to connect to the host via pct: 201 is not running")
+    assert sorted(r.hosts) == ["gone-host", "gpu-host"] and not r.ok and r.failed_hosts == ["gone-host"]
+    up, down = r.hosts["gpu-host"], r.hosts["gone-host"]
+    assert up.ok and up.status.active and sorted(up.status.gpus_mib) == list(range(8))
+    assert not down.ok and down.unreachable and down.status is None and not down.refused
+    assert "no container" in down.reason, down.reason
+    assert r.exit_code == 3
 
 
 def test_no_recap_means_no_host_is_ok():
     r = build("deploy_timeout_no_recap", rc=254, status="timeout")
     h = r.hosts["gpu-host"]
-    assert not r.ok and r.stats == {} and not h.ok and h.restarted
+    assert not r.ok and r.stats == {} and not h.ok and r.exit_code == 1
     assert h.reason == "the run ended without a play recap (runner status: timeout)"
+    assert h.reasons and not h.restarted and h.proof is None  # the job was started; its outcome was not seen
 
 
 def test_an_ok_recap_with_a_bad_runner_status_is_not_ok():
@@ -117,17 +178,22 @@ def test_no_host_matched_is_not_ok():
     assert "no host was processed" in describe(r)
 
 
+def _job_event(evs):
+    return [e for e in evs if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_restart"
+            and e["event_data"].get("res", {}).get("finished")][-1]
+
+
 @pytest.mark.parametrize("mutate", [
     lambda e: e["event_data"].pop("res"),
     lambda e: e["event_data"].update(res="not a dict"),
-    lambda e: e["event_data"]["res"].update(proof=None),
-    lambda e: e["event_data"]["res"].update(proof={"gpus_mib": ["x"], "step": "n/a", "tok_s": True}),
+    lambda e: e["event_data"]["res"].update(result="not a dict"),
+    lambda e: e["event_data"]["res"]["result"].update(proof=None),
+    lambda e: e["event_data"]["res"]["result"].update(proof={"gpus_mib": ["x"], "step": "n/a", "tok_s": True}),
     lambda e: e.pop("event_data"),
 ])
 def test_missing_or_malformed_keys_do_not_raise(mutate):
     evs = events("deploy_restarted_proved")
-    ready = [e for e in evs if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_ready"][-1]
-    mutate(ready)
+    mutate(_job_event(evs))
     r = build_run_result(evs + [None, "junk", {"event": "runner_on_ok"}], rc=0, status="successful")
     h = r.hosts["gpu-host"]
     assert h.ok
@@ -136,20 +202,23 @@ def test_missing_or_malformed_keys_do_not_raise(mutate):
 
 def test_short_action_names_and_task_action_fallback():
     evs = copy.deepcopy(events("status_ok"))
+    seen = 0
     for e in evs:
         d = e["event_data"]
         if d.get("resolved_action") == "dflash.trainer.trainer_status":
             d.pop("resolved_action")
             d["task_action"] = "trainer_status"
-    assert build_run_result(evs, rc=0, status="successful").hosts["gpu-host"].status.current_release == GOOD
+            seen += 1
+    assert seen
+    assert build_run_result(evs, rc=0, status="successful").hosts["gpu-host"].status.current_release == FIRST
 
 
 def test_ignored_failures_are_not_the_reason():
-    evs = events("deploy_start_failed_no_rollback")
+    evs = events("deploy_ready_failed_rolled_back")
     last_fail = [e for e in evs if e["event"] == "runner_on_failed"][-1]
     last_fail["event_data"]["ignore_errors"] = True
     h = build_run_result(evs, rc=2, status="failed").hosts["gpu-host"]
-    assert h.failed_task == "Start the trainer and record this activation"
+    assert not h.ok and h.failed_task is None and h.reason is None  # the recap still counts a failure
 
 
 def test_failed_loop_item_gives_the_reason():
@@ -165,10 +234,26 @@ def test_failed_loop_item_gives_the_reason():
     assert (h.ok, h.failed_task, h.reason) == (False, "t", "item 2 broke")
 
 
+def test_shapes_the_role_no_longer_produces_are_not_read():
+    """The standalone proof and start modules, a release rollback and a lock refused by the status read
+    are gone from the collection: their results say nothing of the run."""
+    proof = {"release": "r", "main_pid": 7, "step": 3, "tok_s": 1.0}
+    evs = [{"event": "runner_on_ok", "event_data": {"host": "h", "task": "t", "resolved_action": action, "res": res}}
+           for action, res in (("dflash.trainer.trainer_ready", {"ready": True, "proof": proof}),
+                               ("dflash.trainer.trainer_start", {"changed": True, "started": True}),
+                               ("dflash.trainer.trainer_release", {"changed": True, "switched": True,
+                                                                   "release": "r", "previous": "p"}))]
+    evs.append({"event": "runner_on_failed", "event_data": {"host": "h", "task": "read", "resolved_action":
+                "dflash.trainer.trainer_status", "res": {"lock_refused": True, "msg": "held"}}})
+    h = build_run_result(evs + [{"event": "playbook_on_stats", "event_data": {"failures": {"h": 1}}}]).hosts["h"]
+    assert h.proof is None and not h.restarted and not h.rolled_back and not h.refused
+    assert h.previous_release is None and h.exit_code == 1  # no switch was read from the release module
+
+
 def test_to_dict_is_json_ready():
     r = build("deploy_ready_failed_rolled_back", rc=2, status="failed")
     d = json.loads(json.dumps(r.to_dict()))
-    assert d["hosts"]["gpu-host"]["proof"]["gpus_mib"]["0"] == 60000
+    assert d["hosts"]["gpu-host"]["proof"]["gpus_mib"]["0"] >= 1024
     assert d["hosts"]["gpu-host"]["rolled_back"] is True and d["ok"] is False
     assert isinstance(r, RunResult) and isinstance(r.hosts["gpu-host"], HostResult)
 
@@ -208,15 +293,15 @@ def test_rollback_passes_the_release(monkeypatch):
         return RunResult(ok=True, rc=0, status="successful")
 
     monkeypatch.setattr(api, "run_playbook_live", fake_run_playbook)
-    api.rollback("gpu-host", to=GOOD, extravars={"x": 1})
-    assert seen["playbook"] == "rollback" and seen["extravars"] == {"x": 1, "trainer_rollback_release": GOOD}
+    api.rollback("gpu-host", to=SECOND, extravars={"x": 1})
+    assert seen["playbook"] == "rollback" and seen["extravars"] == {"x": 1, "trainer_rollback_release": SECOND}
     assert seen["limit"] == "gpu-host"
-    api.rollback(release=GOOD, limit="gpu-host")  # the earlier keyword
-    assert seen["extravars"] == {"trainer_rollback_release": GOOD}
+    api.rollback(release=SECOND, limit="gpu-host")  # the earlier keyword
+    assert seen["extravars"] == {"trainer_rollback_release": SECOND}
     api.rollback(limit="gpu-host")
     assert "trainer_rollback_release" not in seen["extravars"]
     with pytest.raises(ValueError, match="name two releases"):
-        api.rollback("gpu-host", to=GOOD, release=BAD)
+        api.rollback("gpu-host", to=SECOND, release=BAD)
 
 
 def test_cli(monkeypatch, capsys):
@@ -233,11 +318,11 @@ def test_cli(monkeypatch, capsys):
     assert kw["extravars"] == {"trainer_force_restart": "true", "trainer_gpus": [0, 1]}
     out = capsys.readouterr().out
     assert "gpu-host: FAILED" in out and "rolled back" in out and "ModuleNotFoundError" in out
-    assert main(["rollback", "-l", "gpu-host", "--release", GOOD, "--json"]) == 1
-    assert calls[-1][1]["extravars"]["trainer_rollback_release"] == GOOD
-    assert json.loads(capsys.readouterr().out)["hosts"]["gpu-host"]["release"] == GOOD
+    assert main(["rollback", "-l", "gpu-host", "--release", SECOND, "--json"]) == 1
+    assert calls[-1][1]["extravars"]["trainer_rollback_release"] == SECOND
+    assert json.loads(capsys.readouterr().out)["hosts"]["gpu-host"]["release"] == SECOND
     with pytest.raises(SystemExit):
-        main(["status", "--release", GOOD])
+        main(["status", "--release", SECOND])
 
 
 def test_parse_extravar():
@@ -274,19 +359,20 @@ def test_restart_job_result_rolled_back():
     assert h.proof.main_pid == 9 and h.log_tail[-1] == "ModuleNotFoundError: x"
 
 
-def _status_event(res, host="gpu-host"):
+def _begin_event(res, host="gpu-host"):
     return {"event": "runner_on_ok", "event_data": {
-        "host": host, "task": "Take the deploy lock and read the trainer's state",
-        "resolved_action": "dflash.trainer.trainer_status", "res": res}}
+        "host": host, "task": "Take the deploy lock, read the trainer's state and the GPUs, and plan the run",
+        "resolved_action": "dflash.trainer.trainer_begin", "res": res}}
 
 
-@pytest.mark.parametrize("flag", ["no_op", "release_current"])
-def test_a_deploy_that_ran_no_release_call_reports_current_as_its_release_and_previous(flag):
-    """A no-op (or a forced restart of the current release) ends or skips the release call: the
+@pytest.mark.parametrize("no_op", [True, False])
+def test_a_deploy_that_uploads_nothing_reports_current_as_its_release_and_previous(no_op):
+    """A no-op (or a forced restart of the current release: no upload) runs no release call: the
     release is the one the first read found current, and nothing was switched."""
     from dflash_trainer.results import build_host_results
-    res = {"changed": False, "running": True, "current_release": "aaa", "running_release": "aaa", flag: True}
-    hosts, _recap = build_host_results([_status_event(res)])
+    res = {"changed": False, "running": True, "current_release": "aaa", "running_release": "aaa",
+           "plan": {"entry": "deploy", "release": "aaa", "no_op": no_op, "upload": False, "restart": not no_op}}
+    hosts, _recap = build_host_results([_begin_event(res)])
     h = hosts["gpu-host"]
     assert h.release == "aaa" and h.previous_release == "aaa"
 
@@ -294,15 +380,16 @@ def test_a_deploy_that_ran_no_release_call_reports_current_as_its_release_and_pr
 def test_a_status_read_alone_names_no_previous_release():
     from dflash_trainer.results import build_host_results
     res = {"changed": False, "running": True, "current_release": "aaa", "running_release": "aaa"}
-    hosts, _recap = build_host_results([_status_event(res)])
+    hosts, _recap = build_host_results([{"event": "runner_on_ok", "event_data": {
+        "host": "gpu-host", "task": "read", "resolved_action": "dflash.trainer.trainer_status", "res": res}}])
     assert hosts["gpu-host"].previous_release is None
 
 
 def test_a_status_read_carries_the_installed_configuration_and_the_rows_of_experiments():
     """trainer_status returns `config` (the installed command and environment's id) and history rows with
     `config` and `vs`; an older result without them reads as an unknown configuration."""
-    row = {"release": GOOD, "config": "9e1d4470", "verdict": "proved", "median": 19800.2,
-           "vs": {"release": GOOD, "config": "3fa1c2d9", "change_pct": -8.4,
+    row = {"release": SECOND, "config": "9e1d4470", "verdict": "proved", "median": 19800.2,
+           "vs": {"release": SECOND, "config": "3fa1c2d9", "change_pct": -8.4,
                   "words": "config 9e1d4470 vs 3fa1c2d9: -8% (command or environment changed)"}}
     evs = [{"event": "runner_on_ok", "event_data": {"host": "h", "task": "read", "resolved_action":
             "dflash.trainer.trainer_status", "res": {"running": True, "config": "9e1d4470", "history": [row]}}},

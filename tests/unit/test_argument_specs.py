@@ -93,7 +93,11 @@ def uses(entry):
                 todo.update(VAR_RE.findall(str(internal[name])))
         return names
 
-    names = closure(VAR_RE.findall(text), set())
+    found = VAR_RE.findall(text)
+    if "dflash.trainer.proof_options" in text:  # the filter reads every proof setting's role variable
+        from ansible_collections.dflash.trainer.plugins.module_utils._readiness import PROOF_SETTINGS
+        found += [var for var, _kind, _default in PROOF_SETTINGS.values()]
+    names = closure(found, set())
     # the templates it renders: named in its task files or in the internal variables it reads
     text += "\n".join(str(internal[n]) for n in sorted(names) if n in internal)
     for template in set(re.findall(r"template'?,\s*'([\w.]+\.j2)'|src:\s*([\w.]+\.j2)", text)):

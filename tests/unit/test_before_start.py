@@ -6,7 +6,7 @@ import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps
 from ansible_collections.dflash.trainer.plugins.module_utils._install import InstallError
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import Refused
+from ansible_collections.dflash.trainer.plugins.module_utils._preflight import Refused
 
 
 def params(**kw):

@@ -94,10 +94,10 @@ def test_parsers():
     doc = {"plays": [{"play": {}, "tasks": [{
         "task": {"name": "r : Prove", "duration": {"start": "2026-11-30T04:24:30.562648Z",
                                                    "end": "2026-11-30T04:24:37.377042Z"}},
-        "hosts": {"bench-220": {"action": "dflash.trainer.trainer_ready", "failed": True, "msg": "x"}}}]}],
+        "hosts": {"bench-220": {"action": "dflash.trainer.trainer_restart", "failed": True, "msg": "x"}}}]}],
         "stats": {"bench-220": {"changed": 1, "ok": 2}, "bench-221": {"changed": 0, "ok": 3}}}
     rows = bl.task_results(bl.json_document("[WARNING]: noise\n" + json.dumps(doc, indent=1)))
-    (row,) = bl.find_tasks(rows, "dflash.trainer.trainer_ready", "bench-220")
+    (row,) = bl.find_tasks(rows, "dflash.trainer.trainer_restart", "bench-220")
     assert row["end"] - row["start"] == pytest.approx(6.814394)
     assert bl.recap_totals(doc) == {"changed": 1, "ok": 5}
 

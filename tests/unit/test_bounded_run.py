@@ -2,7 +2,8 @@
 
 The hung nvidia-smi is the lab's stand-in (lab/fakegpu) in hang mode, run on this host behind a
 wrapper shell that does not exec it (so the hung process is a grandchild: only a kill of the
-whole process group gets it). Modules run in-process against it.
+whole process group gets it). Modules and the restart job's steps (drain, prove: _cycle) run
+in-process against it.
 """
 import json
 import os
@@ -16,8 +17,11 @@ from waiting import poll
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _run
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import NvidiaSmiError, read_gpus
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, start
-from ansible_collections.dflash.trainer.plugins.modules import gpu_drain, gpu_info, trainer_ready, trainer_status
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
+    StepFailed, compile_regexes, drain, expectations, prove, start)
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+    DEFAULT_ERROR_REGEXES, DEFAULT_READY_REGEX, DEFAULT_STEP_REGEX, DEFAULT_TOKPS_REGEX)
+from ansible_collections.dflash.trainer.plugins.modules import trainer_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKEGPU_DIR = os.path.join(ROOT, "lab", "fakegpu")
@@ -160,19 +164,14 @@ def test_read_gpus_turns_a_hang_into_nvidia_smi_error(gpu):
 # --------------------------------------------------------------------------------------------
 # modules
 
-def test_gpu_info_fails_saying_nvidia_smi_hung(gpu, capsys, monkeypatch):
-    monkeypatch.setattr(_run, "DEFAULT_TIMEOUT_S", 0.5)
+def test_the_drain_step_keeps_its_deadline_when_nvidia_smi_hangs(gpu):
+    """The restart job's drain (_restart_steps: a Runner bounded by the drain's deadline)."""
     gpu.hang()
-    out, elapsed = run_module(gpu_info.main, {"nvidia_smi": gpu.smi}, capsys)
-    assert out["failed"] is True and out["msg"] == "nvidia-smi did not answer within 0.5 s"
-    assert elapsed <= 0.5 + SLACK_S, elapsed
-    assert_none_left()
-
-
-def test_gpu_drain_keeps_its_deadline_when_nvidia_smi_hangs(gpu, capsys):
-    gpu.hang()
-    out, elapsed = run_module(gpu_drain.main, {"nvidia_smi": gpu.smi, "timeout_s": 1.2}, capsys)
-    assert out["failed"] is True and out["msg"].startswith("nvidia-smi did not answer within 1.")
+    began = time.monotonic()
+    with pytest.raises(StepFailed) as exc:
+        drain(_run.Runner(deadline=began + 1.2), gpu.smi, timeout_s=1.2)
+    elapsed = time.monotonic() - began
+    assert exc.value.msg.startswith("nvidia-smi did not answer within 1.")
     assert elapsed <= 1.2 + SLACK_S, elapsed
     assert_none_left()
 
@@ -227,14 +226,20 @@ def test_the_start_step_fails_saying_systemctl_start_hung(tmp_path, monkeypatch)
     poll(lambda: none_alive(hung), timeout=2.0, what="hung systemctl gone")
 
 
-def test_trainer_ready_fails_saying_nvidia_smi_hung_within_its_deadline(tmp_path, gpu, capsys, monkeypatch):
+def test_the_proof_fails_saying_nvidia_smi_hung_within_its_deadline(tmp_path, gpu, monkeypatch):
+    """The restart job's proof (_restart_steps: a Runner bounded by the proof's deadline)."""
     fake_systemctl(tmp_path, monkeypatch)
     gpu.hang()
     log = tmp_path / "trainer.log"
     log.write_text("")
-    out, elapsed = run_module(trainer_ready.main, {
-        "unit": "t.service", "log_path": str(log), "invocation_id": "abc", "nvidia_smi": gpu.smi,
-        "timeout_s": 1.2, "hold_s": 10.0, "stall_s": 5.0}, capsys)
-    assert out["failed"] is True and out["msg"].startswith("nvidia-smi did not answer within 1.")
+    p = {"gpus": None, "min_mib": 1024, "min_steps": 2, "hold_s": 10.0, "stall_s": 5.0, "timeout_s": 1.2,
+         "tail_lines": 20, "ready_regex": DEFAULT_READY_REGEX}
+    regexes = compile_regexes(DEFAULT_READY_REGEX, DEFAULT_STEP_REGEX, DEFAULT_TOKPS_REGEX, DEFAULT_ERROR_REGEXES)
+    began = time.monotonic()
+    with pytest.raises(StepFailed) as exc:
+        prove(_run.Runner(deadline=began + 1.2), "systemctl", gpu.smi, "t.service", str(log),
+              expectations("abc", 0, p), regexes, interval_s=0.5)
+    elapsed = time.monotonic() - began
+    assert exc.value.msg.startswith("nvidia-smi did not answer within 1.")
     assert elapsed <= 1.2 + SLACK_S, elapsed
     assert_none_left()

@@ -111,17 +111,23 @@ def test_progress_says_each_step_and_the_restart_jobs_phase():
 
 
 def test_summary_block_per_host():
-    result = build_run_result(events("deploy_job_proved"), rc=0, status="successful")
+    import re
+    result = build_run_result(events("deploy_restarted_proved"), rc=0, status="successful")
     result.playbook, result.elapsed_s = "deploy", 64.0
     result.inventory, result.inventory_from = ["/srv/inv.yml"], "given (-i)"
+    plan = [e["event_data"]["res"]["plan"] for e in events("deploy_restarted_proved")
+            if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_begin"][0]
+    new, old = plan["release"], plan["current"]  # the recorded run's releases
     lines = progress.summary(result).splitlines()
     assert lines[0] == "summary: deploy, 64 s; inventory /srv/inv.yml (given (-i))"
-    assert lines[1] == "gpu-host: PROVED (exit 0) in 61 s"  # the host's events: 10:00:00 to 10:01:01
-    assert lines[2] == "  release f46db2d746e6dc57 (was dda2287ea665b415), source git 4f1c2d9 dirty"
-    assert lines[3] == "  config 9e1d4470 (previous 3fa1c2d9)"
-    assert lines[4] == "  tok/s 40106 vs 41219 before (-2.7%) (release dda2287ea665b415, config 3fa1c2d9)"
-    assert lines[5].startswith("  restarted because: trainer_src changed (release dda2287ea665b415 -> f46db2d746e6dc57)")
-    assert lines[6] == "  proved ready: release f46db2d746e6dc57, step 14, 15.2 s to ready"
+    assert re.match(r"^gpu-host: PROVED \(exit 0\) in [\d.]+ s$", lines[1]), lines  # the host's first to last event
+    assert lines[2] == "  release %s (was %s), source its content (trainer_src is not a git checkout)" % (new, old)
+    assert re.match(r"^  config [0-9a-f]{8}$", lines[3]), lines  # the same configuration as the release before
+    assert re.match(r"^  tok/s \d+ vs \d+ before \([+-]\d+\.\d%%\) \(release %s, config [0-9a-f]{8}\)$" % old,
+                    lines[4]), lines
+    assert lines[5] == "  restarted because: release switched to %s; running release %s is not current %s" % (
+        new, old, new)
+    assert re.match(r"^  proved ready: release %s, step \d+, [\d.]+ s to ready$" % new, lines[6]), lines
     assert lines[-1] == "exit status 0: healthy / proved"
     failed = build_run_result(events("deploy_ready_failed_rolled_back"), rc=2, status="failed")
     failed.playbook = "deploy"
@@ -129,12 +135,14 @@ def test_summary_block_per_host():
     assert "gpu-host: FAILED, ROLLED BACK (exit 1)" in text
     assert "  rolled back to %s (from %s)" % (failed.hosts["gpu-host"].release,
                                               failed.hosts["gpu-host"].previous_release) in text
+    assert "  failed (proving): trainer exited with status 1 after " in text
     assert text.splitlines()[-1].startswith("exit status 1: the trainer is unhealthy or the proof failed")
     refused = build_run_result(events("deploy_preflight_refused"), rc=2, status="failed")
     refused.playbook = "deploy"
     text = progress.summary(refused)
-    assert "gpu-host: REFUSED (exit 2) in 10 s" in text and "rolled back" not in text
-    assert "  refused before any change: pre-flight refused release f46db2d746e6dc57: ModuleNotFoundError" in text
+    assert re.search(r"^gpu-host: REFUSED \(exit 2\) in [\d.]+ s$", text, re.M) and "rolled back" not in text
+    assert ("  refused before any change: pre-flight refused the release (the running trainer is untouched): "
+            "trainer_preflight_command exited with status 1: ModuleNotFoundError") in text
 
 
 # ---- --check / --diff reach ansible-playbook; events reach the handler; cancel -------------------

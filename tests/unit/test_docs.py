@@ -320,21 +320,27 @@ def test_every_claim_of_what_the_role_calls_is_true():
     assert KNOWN_FALSE_CALL_CLAIMS - found == set(), "the doc was fixed: delete it from KNOWN_FALSE_CALL_CLAIMS"
 
 
+# a module the role does not call (the collection ships none today: every module is the role's)
+UNCALLED = "trainer_extra"
+
+
 @pytest.mark.parametrize("doc_text, problem", [
-    ("`gpu_info` and `trainer_restart` are standalone modules for playbooks outside the role (the role calls none "
-     "of them).", "calls none of trainer_restart"),
-    ("| modules: `gpu_info`, `trainer_release` (standalone, for playbooks outside the role) |",
+    ("`trainer_extra` and `trainer_restart` are standalone modules for playbooks outside the role (the role calls "
+     "none of them).", "calls none of trainer_restart"),
+    ("| modules: `trainer_extra`, `trainer_release` (standalone, for playbooks outside the role) |",
      "trainer_release is standalone"),
-    ("The role is thin; it calls `gpu_drain` before the stop.", "the role calls gpu_drain"),
+    ("The role is thin; it calls `trainer_extra` before the stop.", "the role calls trainer_extra"),
     ("decided in one function, which the role calls through the `restart_nope` filter.", "restart_nope filter"),
     ("The `stop` entry point runs `trainer_restart state=halt`.", "trainer_restart runs with state=halt"),
 ])
 def test_a_false_call_claim_fails(doc_text, problem):
-    found = call_claim_problems(doc_text, role_calls(), _modules())
+    modules = _modules() | {UNCALLED}
+    assert UNCALLED not in role_calls()["modules"]
+    found = call_claim_problems(doc_text, role_calls(), modules)
     assert any(problem in p for p in found), found
-    assert call_claim_problems("`gpu_info` and `gpu_drain` are standalone modules for playbooks outside the role "
+    assert call_claim_problems("`trainer_extra` is a standalone module for playbooks outside the role "
                                "(the role calls none of them; it calls `trainer_install` once). It runs "
-                               "`trainer_restart state=stop`.", role_calls(), _modules()) == []
+                               "`trainer_restart state=stop`.", role_calls(), modules) == []
 
 
 # -- the number of remote calls (the lab counts them: tests/lab/test_round_trips.py) -----------------
@@ -416,8 +422,8 @@ def test_the_lab_counts_are_read_from_the_lab_test():
     assert round_trip_problems("changes nothing and costs four remote calls", lab_counts(src)) == []
 
 
-# -- module defaults the docs state ("`trainer_ready`: `timeout_s` 900, `interval_s` 0.5"; "`gpu_drain`'s
-# `max_mib` and `timeout_s` are `trainer_drain_max_mib` and `trainer_drain_timeout_s`") -------------
+# -- module defaults the docs state ("`trainer_restart`: `hold_s` 10, `stall_s` 5"; "`trainer_restart`'s
+# `drain_max_mib` and `drain_timeout_s` are `trainer_drain_max_mib` and `trainer_drain_timeout_s`") ---------
 
 def module_default_problems(doc_text, spec_of, defaults):
     out = []
@@ -445,17 +451,19 @@ def _spec_of(name):
 
 def test_every_module_default_the_docs_state_is_the_modules():
     d = role_defaults()
-    said = [m for doc in DOCS for m in re.finditer(r"`(\w+)`'s `\w+` and `\w+` are `trainer_", flat(text(doc)))]
-    assert said, "the docs no longer say which role defaults gpu_drain has: drop or adapt this test"
+    # (the docs may state none: the standalone modules whose role defaults they gave are gone)
+    assert module_default_problems("`trainer_restart`'s `drain_max_mib` and `drain_timeout_s` are "
+                                   "`trainer_drain_max_mib` and `trainer_drain_timeout_s`; `trainer_restart`: "
+                                   "`hold_s` 10, `stall_s` 5;", _spec_of, d) == []
     assert [p for doc in DOCS for p in module_default_problems(text(doc), _spec_of, d)] == []
     assert any(formula_problems(t.replace("= 2715", "= 2716"), d) for t in (text(doc) for doc in DOCS)), \
         "the start limit's worked example is no longer found"
 
 
 @pytest.mark.parametrize("doc_text, problem", [
-    ("with the role's defaults (`trainer_ready`: `timeout_s` 300, `interval_s` 0.5;", "trainer_ready's timeout_s"),
-    ("`gpu_drain`'s `max_mib` and `interval_s` are `trainer_drain_max_mib` and `trainer_ready_interval_s`",
-     "gpu_drain's interval_s is said to be trainer_ready_interval_s"),
+    ("with the role's defaults (`trainer_restart`: `timeout_s` 300, `interval_s` 0.5;", "trainer_restart's timeout_s"),
+    ("`trainer_restart`'s `drain_max_mib` and `drain_timeout_s` are `trainer_drain_max_mib` and "
+     "`trainer_stop_timeout_s`", "trainer_restart's drain_timeout_s is said to be trainer_stop_timeout_s"),
 ])
 def test_a_wrong_module_default_fails(doc_text, problem):
     found = module_default_problems(doc_text, _spec_of, role_defaults())

@@ -77,7 +77,7 @@ def test_chunking_does_not_change_the_analysis(text, cuts):
 @FUZZ
 @given(st.binary(max_size=400), st.lists(st.integers(0, 10 ** 4), max_size=8))
 def test_invalid_utf8_decoded_as_the_modules_do(data, cuts):
-    """trainer_ready decodes with an incremental UTF-8 decoder (errors="replace"): a multibyte
+    """The proof (_log_file.LogFileReader) decodes with an incremental UTF-8 decoder (errors="replace"): a multibyte
     sequence cut between two reads must give the same analysis as the whole file."""
     prefix = (marker(INV) + "\n").encode()
     data = prefix + data + b"\nstep=3 tok/s=1.0"
@@ -199,8 +199,8 @@ MIB = 1 << 20
 ])
 def test_a_10_mib_line_is_analysed_in_linear_time(name, line):
     """Regression: the marker regex ("(.*?)\\s*<==") and the reason regex ("Error\\b.*?:") were
-    quadratic; a 160 KiB line took 20 s, so a 10 MiB one would hang trainer_ready for a day.
-    Fed in 1 MiB chunks as trainer_ready reads, with no final newline."""
+    quadratic; a 160 KiB line took 20 s, so a 10 MiB one would hang the proof for a day.
+    Fed in 1 MiB chunks as the proof reads, with no final newline."""
     start = time.monotonic()
     follower = tl.StartLog(INV).feed(marker(INV) + "\n")
     for i in range(0, len(line), MIB):

@@ -9,7 +9,7 @@ import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _inductor_cache as ic
 from ansible_collections.dflash.trainer.plugins.module_utils import _ownership
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, purge
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import CacheRefused, purge
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REAL = os.path.join(HERE, "fixtures", "inductor_cache_torch_2.13_cpu.txt")
@@ -96,7 +96,7 @@ def test_anything_else_at_any_depth_refuses_and_the_purge_deletes_nothing(tmp_pa
     why = ic.cache_problem(ic.observe(path))
     assert why and "does not look like a torchinductor cache" in why and shown in why, why
     before = snapshot(path)
-    with pytest.raises(StepFailed) as exc:
+    with pytest.raises(CacheRefused) as exc:
         purge(path)
     assert "nothing was deleted" in exc.value.msg and shown in exc.value.msg
     assert snapshot(path) == before

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
 from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as tp
 from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
 
@@ -71,7 +72,7 @@ def test_figures_read_with_the_roles_regexes_are_the_collections(line):
 
 
 def test_the_job_and_the_launcher_never_lose_each_others_ledger_entries(tmp_path):
-    """Two writers, one ledger: the restart job appends verdicts (_throughput.append_ledger) while
+    """Two writers, one ledger: the restart job appends verdicts (_ledger.append_ledger) while
     the launcher records a death (its read-modify-write under its copy of the lock). Racing 40
     writes each, every entry of both is there (without the shared flock, writes get lost)."""
     path = str(tmp_path / "ledger.json")
@@ -92,18 +93,18 @@ def test_the_job_and_the_launcher_never_lose_each_others_ledger_entries(tmp_path
             code = 1
         os._exit(code)  # pylint: disable=protected-access
     for i in range(n):
-        tp.append_ledger(path, [tp.entry("job-%d" % i, tp.PROVED, {}, now=float(i))], keep=10 * n)
+        ld.append_ledger(path, [tp.entry("job-%d" % i, tp.PROVED, {}, now=float(i))], keep=10 * n)
     assert os.waitpid(pid, 0)[1] == 0
-    got = sorted(e["release"] for e in tp.read_ledger(path))
+    got = sorted(e["release"] for e in ld.read_ledger(path))
     assert got == sorted(["job-%d" % i for i in range(n)] + ["launcher-%d" % i for i in range(n)])
     assert oct(os.stat(path + ".lock").st_mode & 0o777) == "0o600"
 
 
 def test_the_ledger_the_launcher_writes_is_the_collections(tmp_path):
     path = str(tmp_path / "ledger.json")
-    entries = tp.append_ledger(path, [tp.entry("r1", tp.PROVED, {"tok_s": {"median": 10.0}}, "git abc", now=100.0)])
+    entries = ld.append_ledger(path, [tp.entry("r1", tp.PROVED, {"tok_s": {"median": 10.0}}, "git abc", now=100.0)])
     L.write_ledger(path, entries)
-    assert tp.read_ledger(path) == L.read_ledger(path) == entries
+    assert ld.read_ledger(path) == L.read_ledger(path) == entries
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
 
 
@@ -275,7 +276,7 @@ def start(root, *flags, **env):
 def prove(root):
     """What the restart job does once the proof passed: a proved entry for this start."""
     poll(lambda: "step=2" in (root / "t.log").read_text() if (root / "t.log").exists() else False, what="progress")
-    tp.append_ledger(str(root / "ledger.json"), [tp.entry("r1", tp.PROVED, {"tok_s": {"median": 12400.0}}, "git abc")])
+    ld.append_ledger(str(root / "ledger.json"), [tp.entry("r1", tp.PROVED, {"tok_s": {"median": 12400.0}}, "git abc")])
 
 
 def test_a_trainer_dying_after_its_proof_is_recorded_in_the_ledger(root):
@@ -287,7 +288,7 @@ def test_a_trainer_dying_after_its_proof_is_recorded_in_the_ledger(root):
     finally:
         if proc.poll() is None:
             proc.kill()
-    entry = tp.read_ledger(str(root / "ledger.json"))[-1]
+    entry = ld.read_ledger(str(root / "ledger.json"))[-1]
     assert entry["died"]["reason"] == "torch.OutOfMemoryError: CUDA out of memory (token ***)"
     assert entry["died"]["exit"] == "exit status 1" and entry["died"]["invocation"] == "inv1"
     assert tp.died_words(entry).startswith("proved, then died after ")
@@ -303,7 +304,7 @@ def test_a_stop_is_not_a_death(root):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "died" not in tp.read_ledger(str(root / "ledger.json"))[-1]
+    assert "died" not in ld.read_ledger(str(root / "ledger.json"))[-1]
 
 
 def test_the_metrics_file_follows_the_trainer_and_says_its_death(root):

@@ -44,7 +44,6 @@ def test_query_gpu_h200(name):
     }
     assert smi.memory_by_index(gpus) == {0: 130013, 1: 130013, 2: 130013, 3: 130013, 4: 130013,
                                          5: 0, 6: 0, 7: 0}
-    assert smi.summarize(gpus) == {"gpu_count": 8, "total_used_mib": 5 * 130013}
 
 
 @pytest.mark.parametrize("name,index,field,expected_errors", [
@@ -173,12 +172,7 @@ def test_failure_message(rc, out, err, expected):
     assert smi.failure_message(rc, out, err) == expected
 
 
-def test_select_and_ranges():
-    gpus = smi.parse_query_gpu(fixture("h200x8_query_gpu.txt"))
-    selected, missing = smi.select(gpus, [7, 5, 9])
-    assert [g["index"] for g in selected] == [5, 7]
-    assert missing == [9]
-    assert smi.select(gpus, None)[1] == []
+def test_ranges():
     assert smi.index_ranges([0, 1, 2, 3, 5, 7, 6]) == "0-3, 5-7"
     assert smi.index_ranges([]) == ""
 
@@ -239,14 +233,11 @@ def test_locate(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# gpu_info module, run in-process against a fake nvidia-smi that replays the fixtures
+# read_gpus through the bounded runner against a fake nvidia-smi that replays the fixtures
 
-import json
 import stat
 
-from ansible.module_utils.testing import patch_module_args
-
-from ansible_collections.dflash.trainer.plugins.modules import gpu_info
+from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
 
 
 def fake_smi(tmp_path, gpu_fixture, apps_fixture="compute_apps_header_only.txt", rc=0):
@@ -261,35 +252,18 @@ def fake_smi(tmp_path, gpu_fixture, apps_fixture="compute_apps_header_only.txt",
     return str(script)
 
 
-def run_module(main, args, capsys):
-    with patch_module_args(args):
-        with pytest.raises(SystemExit):
-            main()
-    return json.loads(capsys.readouterr().out)
-
-
-def test_gpu_info_module(tmp_path, capsys):
+def test_read_gpus_runs_nvidia_smi(tmp_path):
     smi_path = fake_smi(tmp_path, "h200x8_query_gpu.txt", "h200x8_compute_apps_uuid_pid_mib.txt")
-    out = run_module(gpu_info.main, {"nvidia_smi": smi_path, "gpus": [4, 5], "_ansible_check_mode": True}, capsys)
-    assert out["changed"] is False
-    assert out["gpu_count"] == 2 and out["total_used_mib"] == 130013
+    gpus, warnings = smi.read_gpus(Runner(10.0), smi_path)
+    assert warnings == [] and len(gpus) == 8 and gpus[4]["memory_used_mib"] == 130013
     # names come from this machine's /proc (nvidia-smi is never asked for them)
-    assert out["gpus"][0]["processes"] == [{"pid": 1234, "process_name": smi.proc_comm(1234), "used_memory_mib": 130004}]
+    assert gpus[4]["processes"] == [{"pid": 1234, "process_name": smi.proc_comm(1234), "used_memory_mib": 130004}]
 
 
-@pytest.mark.parametrize("args,msg", [
-    ({"gpus": [9]}, "GPU 9 not reported by nvidia-smi (it reports 0-7)"),
-    ({"nvidia_smi": "/nonexistent/nvidia-smi"}, "nvidia-smi not found: /nonexistent/nvidia-smi"),
-])
-def test_gpu_info_module_failures(tmp_path, capsys, args, msg):
-    args = dict({"nvidia_smi": fake_smi(tmp_path, "h200x8_query_gpu.txt")}, **args)
-    out = run_module(gpu_info.main, args, capsys)
-    assert out["failed"] and out["msg"].startswith(msg)
-
-
-def test_gpu_info_module_driver_not_loaded(tmp_path, capsys):
-    out = run_module(gpu_info.main, {"nvidia_smi": fake_smi(tmp_path, "driver_not_loaded.txt", rc=9)}, capsys)
-    assert out["msg"].startswith("nvidia-smi failed (exit 9: driver not loaded): NVIDIA-SMI has failed")
+def test_read_gpus_driver_not_loaded(tmp_path):
+    said = r"^nvidia-smi failed \(exit 9: driver not loaded\): NVIDIA-SMI has failed"
+    with pytest.raises(smi.NvidiaSmiError, match=said):
+        smi.read_gpus(Runner(10.0), fake_smi(tmp_path, "driver_not_loaded.txt", rc=9))
 
 
 # ---------------------------------------------------------------------------------------------

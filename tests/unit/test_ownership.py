@@ -10,7 +10,8 @@ import tempfile
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _ownership as o
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, purge
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import CacheRefused, purge
+from ansible_collections.dflash.trainer.plugins.module_utils._marks import ROOT_MARK
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -218,7 +219,7 @@ def test_a_file_at_the_cache_path_is_refused(tmp_path):
 
 def test_purge_refuses_what_is_not_a_cache_and_deletes_nothing(tmp_path):
     path = cache_tree(tmp_path / "ckpt", ["checkpoint.pt", "ab/"])
-    with pytest.raises(StepFailed) as exc:
+    with pytest.raises(CacheRefused) as exc:
         purge(path)
     assert "checkpoint.pt" in exc.value.msg and "nothing was deleted" in exc.value.msg
     assert os.path.exists(os.path.join(path, "checkpoint.pt"))
@@ -421,7 +422,7 @@ def release(root, rid, marked=True):
 def test_a_root_with_our_marker_is_ours(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
-    (root / o.ROOT_MARK_NAME).write_text(o.ROOT_MARK + "\n")
+    (root / o.ROOT_MARK_NAME).write_text(ROOT_MARK + "\n")
     (root / "notes.txt").write_text("x")  # an operator's file beside ours: the marker says the root is ours
     assert o.judge("trainer_root", "root", o.observe(str(root), "root")) is None
 
@@ -470,7 +471,7 @@ def test_an_empty_root_is_ours_only_when_root_made_it(tmp_path):
 def test_what_a_root_holds_is_roots(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
-    (root / o.ROOT_MARK_NAME).write_text(o.ROOT_MARK + "\n")
+    (root / o.ROOT_MARK_NAME).write_text(ROOT_MARK + "\n")
     release(root, "r1")
     (root / "ledger.json").write_text(json.dumps({"entries": []}))
     as_user(root / "releases", mode=0o755)
@@ -486,7 +487,7 @@ def test_the_first_lock_of_a_root_marks_it(tmp_path):
     release(root, "r1")
     with rr._Lock(str(root)):
         pass
-    assert (root / o.ROOT_MARK_NAME).read_text() == o.ROOT_MARK + "\n"
+    assert (root / o.ROOT_MARK_NAME).read_text() == ROOT_MARK + "\n"
     assert stat.S_IMODE(os.lstat(str(root / o.ROOT_MARK_NAME)).st_mode) == 0o644
     assert rr.mark_root(str(root)) is False  # there already: left as it is
     f = o.observe(str(root), "root")

@@ -2,7 +2,11 @@
 directly or through another (the AnsiballZ payload, built for each remote call). The status read
 (trainer_status) is the one call of a deploy that changes nothing, so its payload is kept to what it
 uses: the restart job's state file is read through _job_state, never through the restart job's
-machinery (_restart_job -> _cycle -> _readiness, _progress_file, ...)."""
+machinery (_restart_job -> _cycle -> _readiness, _progress_file, ...), the release pointers through
+_release_root (which needs nothing of the release's archive or scan), the ledger through _ledger, and
+what only trainer_begin decides (the lock, what the run may write) is _begin's. Each file of state has
+one owner: the ledger (_ledger), the job's state (_job_state), current and last_good (_release_root).
+bench/payload.py measures each module's payload with Ansible's own builder."""
 import ast
 import json
 import os
@@ -11,18 +15,32 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UTILS = os.path.join(ROOT, "plugins", "module_utils")
+MODULES = os.path.join(ROOT, "plugins", "modules")
 PREFIX = "ansible_collections.dflash.trainer.plugins.module_utils"
 
 # trainer_status: 24 module_utils files (7827 lines) when it read the job's state through
-# _restart_job; 20 (about 5600 lines) since _job_state owns that file
-STATUS_MAX_FILES = 20
-STATUS_MAX_LINES = 6500
-# the restart's machinery: the status read never needs it
+# _restart_job; 19 (5374 lines) with the lock and ownership helpers in _status and _release_scan /
+# _preflight shipped for two constants; 17 (about 3500 lines) since _begin, _ledger, _marks and a
+# _release_root of its own
+STATUS_MAX_FILES = 17
+STATUS_MAX_LINES = 3700
+# the restart's machinery, the lock, the ownership judges, the release's archive: the status read
+# never needs them
 NOT_IN_STATUS = {"_cycle", "_readiness", "_restart_job", "_restart_steps", "_progress_file", "_job_result",
-                 "_preflight_run", "_release_root"}
+                 "_preflight", "_begin", "_lock", "_ownership", "_inductor_cache", "_release_scan",
+                 "_release_archive", "_release_extract", "_release_install", "_release_states"}
+
+
+def modules():
+    return sorted(n[:-3] for n in os.listdir(MODULES) if n.endswith(".py") and not n.startswith("_"))
+
+
+def utils():
+    return sorted(n[:-3] for n in os.listdir(UTILS) if n.endswith(".py") and n.startswith("_") and n != "__init__.py")
 
 
 def package_of(path):
@@ -67,7 +85,7 @@ def closure_of(path):
 
 
 def closure(module):
-    return closure_of(os.path.join(ROOT, "plugins", "modules", module + ".py"))
+    return closure_of(os.path.join(MODULES, module + ".py"))
 
 
 def lines(names):
@@ -86,14 +104,96 @@ def test_the_status_read_stays_small():
     assert lines(shipped) <= STATUS_MAX_LINES, "%d lines in %s" % (lines(shipped), sorted(shipped))
 
 
+def test_the_status_read_returns_no_lock():
+    """trainer_status takes no lock: neither its payload nor its result carries the lock's internals."""
+    with open(os.path.join(MODULES, "trainer_status.py")) as fh:
+        tree = ast.parse(fh.read())
+    doc = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+               and any(getattr(t, "id", None) == "RETURN" for t in node.targets))
+    assert not [key for key in yaml.safe_load(doc) if "lock" in key]
+    assert "_lock" not in closure("trainer_status") and "_lock" in closure("trainer_begin")
+
+
 def test_the_job_state_file_has_one_owner():
-    """Readers and the writer of restart.json meet in _job_state, which needs nothing of the cycle."""
+    """Readers and the writer of restart.json meet in _job_state, which needs nothing of the cycle,
+    and every judge of whether a job ended asks its job_end."""
     assert closure_of(os.path.join(UTILS, "_job_state.py")) <= {"_private_file"}
     for module in ("trainer_begin", "trainer_restart"):
-        assert "_job_state" in imported_utils(os.path.join(ROOT, "plugins", "modules", module + ".py"))
+        assert "_job_state" in imported_utils(os.path.join(MODULES, module + ".py"))
     assert "_job_state" in imported_utils(os.path.join(UTILS, "_status_read.py"))  # trainer_status's read
     assert "_job_state" in imported_utils(os.path.join(UTILS, "_status.py"))
-    assert "_restart_job" not in imported_utils(os.path.join(UTILS, "_status.py"))
+    for name in ("_begin", "_restart_steps", "_status"):  # job_over, job_ended, stopped_on_purpose
+        assert "job_end" in names_from(os.path.join(UTILS, name + ".py"), "_job_state"), name
+    for path in python_files():  # nobody imports the job state's names from elsewhere (no re-export)
+        for util in ("_restart_job", "_status", "_cycle", "_restart_steps"):
+            assert not names_from(path, util) & {"read_state", "write_state", "job_alive", "observe_job", "pid_start",
+                                                 "outcome_words", "job_end"}, (path, util)
+
+
+def python_files():
+    """The collection's plugins and the unit tests."""
+    out = [os.path.join(UTILS, n + ".py") for n in utils()] + [os.path.join(MODULES, n + ".py") for n in modules()]
+    unit = os.path.dirname(os.path.abspath(__file__))
+    return out + sorted(os.path.join(unit, n) for n in os.listdir(unit) if n.endswith(".py"))
+
+
+def names_from(path, util):
+    """The names ``path`` imports from the module_utils file ``util`` (``from ..._x import a, b``)."""
+    with open(path) as fh:
+        tree = ast.parse(fh.read(), path)
+    return {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and (node.module or "").endswith("module_utils." + util) for a in node.names}
+
+
+def joined_names(path):
+    """The constant names ``path`` joins to a path (``os.path.join(root, "ledger.json")``)."""
+    with open(path) as fh:
+        tree = ast.parse(fh.read(), path)
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join":
+            out.update(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
+    return out
+
+
+@pytest.mark.parametrize("name, owner", [("ledger.json", "_ledger"), ("current", "_release_root"),
+                                         ("last_good", "_release_root")])
+def test_each_file_of_state_has_one_owner(name, owner):
+    """Only its owner makes the path of the ledger, of ``current`` or of ``last_good`` (and the
+    ownership check, which looks at what a root holds before anything is written: the ledger's first
+    bytes tell whether it is ours)."""
+    makers = [n for n in utils() if name in joined_names(os.path.join(UTILS, n + ".py"))]
+    makers += [n for n in modules() if name in joined_names(os.path.join(MODULES, n + ".py"))]
+    assert set(makers) <= {owner, "_ownership"}, makers
+
+
+def test_small_owners_stay_small():
+    """The constants and owners many payloads share import nothing heavy."""
+    assert closure_of(os.path.join(UTILS, "_marks.py")) == set()
+    assert closure_of(os.path.join(UTILS, "_ledger.py")) <= {"_private_file"}
+    assert closure_of(os.path.join(UTILS, "_release_root.py")) <= {"_marks", "_private_file"}
+    assert "_preflight" not in closure_of(os.path.join(UTILS, "_ownership.py"))
+    assert "_release_scan" not in closure_of(os.path.join(UTILS, "_ownership.py"))
+    # the purge and its judge: stdlib only (the lab runs the file's source alone in a container)
+    assert closure_of(os.path.join(UTILS, "_inductor_cache.py")) == set()
+
+
+def used_names(tree):
+    """Every name a file reads (``x`` and the ``x`` of ``x.y``), its imports left out."""
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+@pytest.mark.parametrize("path", [os.path.join(MODULES, n + ".py") for n in modules()] +
+                         [os.path.join(UTILS, n + ".py") for n in utils()], ids=os.path.basename)
+def test_no_import_of_a_module_util_is_dead(path):
+    """A file imports from the collection's module_utils only names it uses: a payload carries no
+    file that nothing in it needs (an unused import would still ship that file and all it imports)."""
+    with open(path) as fh:
+        tree = ast.parse(fh.read(), path)
+    used = used_names(tree)
+    dead = [a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith(PREFIX) for a in node.names if (a.asname or a.name) not in used]
+    assert not dead, dead
 
 
 def test_the_parser_follows_each_import_form(tmp_path):
@@ -131,14 +231,14 @@ print(json.dumps(out))
 
 def test_ansible_ships_what_the_parser_finds():
     """Cross-check with Ansible's own payload builder (ansible-core's module_common), in a process of
-    its own (its collection loader replaces the import machinery)."""
+    its own (its collection loader replaces the import machinery), for every module."""
     pytest.importorskip("ansible.executor.module_common")
-    modules = ("trainer_status", "trainer_restart", "trainer_lock")
-    run = subprocess.run([sys.executable, "-c", BUILD, ROOT] + list(modules), capture_output=True, text=True,
-                         timeout=120, check=False)
+    every = modules()  # each module's payload holds what it imports and nothing more
+    run = subprocess.run([sys.executable, "-c", BUILD, ROOT] + every, capture_output=True, text=True,
+                         timeout=180, check=False)
     if run.returncode != 0 and ("TypeError" in run.stderr or "AttributeError" in run.stderr):
         pytest.skip("this ansible-core builds payloads differently: %s" % run.stderr.strip().splitlines()[-1])
     assert run.returncode == 0, run.stderr
     shipped = json.loads(run.stdout)
-    for module in modules:
+    for module in every:
         assert set(shipped[module]) == closure(module), module

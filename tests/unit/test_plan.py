@@ -109,3 +109,91 @@ def test_a_stop_keeps_the_lock_for_its_job_whatever_runs():
     for status in (proved(), proved(running=False)):
         plan = make_plan({"entry": "stop"}, status)
         assert plan["stop"] and not plan["no_op"] and not plan["restart"] and lock_holder(plan) == "play"
+
+
+# -- how long the play watches the run's job (job_budget_s, watch_retries, job_wait_s) ----------------
+
+from ansible_collections.dflash.trainer.plugins.module_utils._plan import (  # noqa: E402
+    DEFAULT_JOB_WAIT_S,
+    job_budget_s,
+    job_wait_s,
+    last_lock_holder,
+    last_ran,
+    min_tokps_ratio,
+    watch_retries,
+)
+
+ROLE = dict(stop_timeout_s=30, drain_timeout_s=60, ready_timeout_s=900, measure_s=None, min_tokps_ratio=0.9)
+
+BUDGET_ROWS = [
+    # (entry, settings) -> (budget, retries): a restart job goes through stop + 30 + drain + 120 + proof
+    # (+ measure) twice (its rollback), + 60; a stop job through stop + 30 + drain + 60
+    ("restart, the role's defaults", "restart", ROLE, 2 * (30 + 30 + 60 + 120 + 900) + 60, 2340 // 10 + 2),
+    ("deploy, with a throughput window", "deploy", dict(ROLE, measure_s=120.5), 2581, 261),
+    ("rollback, strings as -e gives them", "rollback", dict(ROLE, stop_timeout_s="45", ready_timeout_s="10.5"),
+     591, 62),
+    ("stop", "stop", ROLE, 30 + 30 + 60 + 60, 20),
+    ("stop, a fraction rounds up", "stop", dict(ROLE, drain_timeout_s=0.5), 121, 15),
+    ("nothing set", "restart", {}, 2 * (30 + 120) + 60, 38),
+    ("a negative or unreadable setting counts as 0", "stop", dict(ROLE, stop_timeout_s=-5, drain_timeout_s="x"),
+     90, 11),
+]
+
+
+@pytest.mark.parametrize("name,entry,settings,budget,retries", BUDGET_ROWS, ids=[r[0] for r in BUDGET_ROWS])
+def test_the_jobs_budget(name, entry, settings, budget, retries):
+    assert job_budget_s(entry, settings) == budget, name
+    assert watch_retries(budget) == retries, name
+
+
+def test_the_plan_carries_the_budget_and_the_gate():
+    plan = make_plan({"entry": "restart"}, proved(), settings=ROLE)
+    assert (plan["job_budget_s"], plan["watch_retries"], plan["min_tokps_ratio"]) == (2340, 236, 0.9)
+    stop = make_plan({"entry": "stop"}, proved(), settings=ROLE)
+    assert (stop["job_budget_s"], stop["watch_retries"]) == (180, 20)
+    forced = make_plan({"entry": "deploy", "release": "r1", "force": True}, proved(), NO_CHANGE, settings=ROLE)
+    assert forced["min_tokps_ratio"] == 0.0 and forced["restart"]   # a forced deploy accepts a slower release
+    assert "job_budget_s" not in make_plan({"entry": "restart"}, proved())  # a standalone caller without settings
+
+
+def test_how_long_the_first_read_waits_for_an_earlier_job():
+    assert job_wait_s({"entry": "deploy"}, ROLE) == job_budget_s("restart", ROLE)
+    assert job_wait_s({"entry": "stop"}, ROLE) == job_budget_s("restart", ROLE)  # it waits for a restart job
+    assert job_wait_s({"entry": "deploy", "hold": True}, ROLE) == 0  # a group's member: the group is refused
+    assert job_wait_s({"entry": "deploy"}, None) == DEFAULT_JOB_WAIT_S
+    assert min_tokps_ratio({"entry": "restart"}, {}) == 0.0
+
+
+# -- who answers: the latest call that ran (last_ran, last_lock_holder) --------------------------------
+
+SKIPPED = {"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}
+
+HOLDER_ROWS = [
+    # [group stop, group relock, job start, first read] -> holder
+    ("a no-op: the first read freed it", [{}, {}, {}, {"lock_holder": "nobody"}], "nobody"),
+    ("the job took it", [{}, {}, {"started": True, "lock_holder": "job"}, {"lock_holder": "play"}], "job"),
+    ("the job was skipped (check mode)", [{}, {}, SKIPPED, {"lock_holder": "play"}], "play"),
+    ("the start call failed without an answer", [{}, {}, {"failed": True, "msg": "x"}, {"lock_holder": "play"}],
+     "unknown"),
+    ("a group took it back", [SKIPPED, {"changed": True, "lock_holder": "play"}, {"lock_holder": "play"},
+                              {"lock_holder": "play"}], "play"),
+    ("a group's stop job took it", [{"lock_holder": "job"}, {"lock_holder": "play"}, {"lock_holder": "play"},
+                                    {"lock_holder": "play"}], "job"),
+    ("a relock that did not answer", [{}, {"unreachable": True}, {"lock_holder": "play"}, {"lock_holder": "play"}],
+     "unknown"),
+    ("the first read said nothing", [{}, {}, {}, {"failed": True}], "play"),
+    ("nothing ran", [{}, {}, {}, {}], "play"),
+]
+
+
+@pytest.mark.parametrize("name,results,holder", HOLDER_ROWS, ids=[r[0] for r in HOLDER_ROWS])
+def test_who_holds_the_lock_at_the_runs_end(name, results, holder):
+    assert last_lock_holder(results) == holder, name
+
+
+def test_the_jobs_outcome_is_the_latest_call_that_ran():
+    start = {"started": True, "finished": True, "result": {"ok": True}}
+    watch = {"finished": True, "result": {"ok": False}}
+    assert last_ran([SKIPPED, start]) is start          # the job ended within the call that started it
+    assert last_ran([watch, start]) is watch
+    assert last_ran([SKIPPED, SKIPPED]) == {} and last_ran([]) == {}

@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
 from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
 from dflash_trainer import __main__ as cli
 from dflash_trainer import plot
@@ -24,7 +25,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 @pytest.fixture
 def entries():
-    return t.read_ledger(LEDGER)
+    return ld.read_ledger(LEDGER)
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_points_are_oldest_first_with_the_ledgers_figures(entries, rows):
 
 
 def test_only_the_newest_entry_of_the_running_release_is_running(rows):
-    pts = plot.points(t.history_rows(t.read_ledger(LEDGER), running="b2c0ffee00000002", limit=50))
+    pts = plot.points(t.history_rows(ld.read_ledger(LEDGER), running="b2c0ffee00000002", limit=50))
     assert [p.index for p in pts if p.running] == [5]  # b2 appears at 1, 3 and 5
     assert [p.index for p in plot.points(rows) if p.running and p.current] == [7]
 
@@ -73,7 +74,7 @@ def test_thresholds_follow_the_gate_rule_of_the_collection(entries, rows):
 def test_an_experiment_is_a_point_of_its_own_labelled_with_its_configuration():
     """The same release with another command or environment: its own point, its own label, never a
     gate threshold against itself, and the running ring on the installed configuration's point."""
-    entries = t.read_ledger(EXPERIMENTS)
+    entries = ld.read_ledger(EXPERIMENTS)
     ledger_rows = t.history_rows(entries, running="b2c0ffee00000002", running_config="9e1d4470", limit=50)
     pts = plot.points(ledger_rows, min_ratio=0.9)
     assert [(p.release[:2], p.config) for p in pts] == [("a1", None), ("b2", None), ("b2", "3fa1c2d9"),
@@ -184,13 +185,13 @@ def test_html_is_a_self_contained_page_with_the_svg_inline_and_the_table(rows, t
     assert page.startswith("<!DOCTYPE html>") and "<?xml" not in page
     assert "<script" not in page and "<link" not in page and "src=" not in page  # nothing fetched
     assert len(by_id(svg_tree(page))) > 8
-    for e in t.read_ledger(LEDGER):
+    for e in ld.read_ledger(LEDGER):
         assert "<td>%s</td>" % e["release"] in page  # full ids in the table
     assert "ModuleNotFoundError: No module named &#x27;flash_attn&#x27;" in page
 
 
 def test_the_chart_and_its_table_tell_experiments_apart(tmp_path):
-    rows = t.history_rows(t.read_ledger(EXPERIMENTS), limit=50)
+    rows = t.history_rows(ld.read_ledger(EXPERIMENTS), limit=50)
     path = str(tmp_path / "history.html")
     plot.render({"gpu-host": plot.points(rows)}, path)
     page = open(path, encoding="utf-8").read()
@@ -278,4 +279,4 @@ def test_without_matplotlib_the_cli_says_how_to_install_it(monkeypatch, capsys):
         cli.main(["history", "--plot", "h.png"])
     assert "the chart needs matplotlib" in capsys.readouterr().err
     # the table and the sparkline need no matplotlib
-    assert "tok/s per release" in cli.describe(history_result(t.history_rows(t.read_ledger(LEDGER))))
+    assert "tok/s per release" in cli.describe(history_result(t.history_rows(ld.read_ledger(LEDGER))))

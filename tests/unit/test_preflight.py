@@ -97,18 +97,16 @@ import pytest  # noqa: E402
 
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight import (  # noqa: E402
     DEFAULT_PROPERTIES,
+    PYTHON,
+    Refused,
     environment_problem,
     interpreter_check,
     launcher_check,
     preflight_properties,
     reason_line,
+    run_preflight,
     transient_argv,
     unit_exec_properties,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight_run import (  # noqa: E402
-    PYTHON,
-    Refused,
-    run_preflight,
 )
 
 

@@ -891,55 +891,31 @@ def test_drain_single_sample_when_consecutive_is_one():
 
 
 # ---------------------------------------------------------------------------------------------
-# module argument handling (in-process, no polling)
+# the proof's pieces (_cycle), as the restart job uses them
 
-import json
-
-from ansible.module_utils.testing import patch_module_args
-
-from ansible_collections.dflash.trainer.plugins.modules import gpu_drain, trainer_ready
+from ansible_collections.dflash.trainer.plugins.modules import trainer_restart
 
 
-def run_module(main, args, capsys):
-    with patch_module_args(args):
-        with pytest.raises(SystemExit):
-            main()
-    return json.loads(capsys.readouterr().out)
-
-
-def test_trainer_ready_check_mode_skips(capsys):
-    out = run_module(trainer_ready.main, {"unit": "t.service", "log_path": "/nonexistent", "invocation_id": INV,
-                                          "_ansible_check_mode": True}, capsys)
-    assert out["ready"] is None and out["skipped"] is True and not out.get("failed")
-
-
-@pytest.mark.parametrize("args,msg", [
-    ({"invocation_id": " "}, "invocation_id is empty"),
-    ({"ready_regex": "tok/s("}, "invalid ready_regex 'tok/s('"),
-    ({"error_regexes": ["["]}, "invalid error_regexes entry '['"),
-    ({"hold_s": 10, "stall_s": 15}, "stall_s (15 s) is longer than hold_s (10 s)"),
-    ({"hold_s": 3}, "stall_s (5 s) is longer than hold_s (3 s)"),
-    ({"hold_s": 3, "stall_s": 4, "_ansible_check_mode": True}, "stall_s (4 s) is longer than hold_s (3 s)"),
-])
-def test_trainer_ready_bad_args(capsys, args, msg):
-    base = {"unit": "t.service", "log_path": "/nonexistent", "invocation_id": INV}
-    out = run_module(trainer_ready.main, dict(base, **args), capsys)
-    assert out["failed"] and out["msg"].startswith(msg)
-
-
-def test_trainer_ready_failure_message_has_reason_and_tail():
+def test_the_proofs_failure_message_has_reason_and_tail():
     from ansible_collections.dflash.trainer.plugins.module_utils._cycle import failure_msg
     msg = failure_msg("trainer exited with status 1 after 0.6 s: E: x", ["a", "E: x"], 20)
     assert msg == ("trainer exited with status 1 after 0.6 s: E: x\n"
                    "last 2 lines of this start's log:\n    a\n    E: x")
 
 
-def test_gpu_drain_bad_args(capsys):
-    out = run_module(gpu_drain.main, {"consecutive": 0}, capsys)
-    assert out["failed"] and "consecutive must be >= 1" in out["msg"]
+@pytest.mark.parametrize("args, msg", [
+    (("tok/s(", ".", ".", []), "invalid ready_regex 'tok/s('"),
+    ((".", "step=(", ".", []), "invalid step_regex 'step=('"),
+    ((".", ".", ".", ["ok", "["]), "invalid error_regexes entry '['"),
+])
+def test_the_proofs_patterns_that_do_not_compile_are_named(args, msg):
+    from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes
+    with pytest.raises(StepFailed) as exc:
+        compile_regexes(*args)
+    assert exc.value.msg.startswith(msg), exc.value.msg
 
 
-def test_trainer_ready_log_reader_follows_appends_and_truncation(tmp_path):
+def test_the_proofs_log_reader_follows_appends_and_truncation(tmp_path):
     path = tmp_path / "trainer.log"
     follower = tl.StartLog(INV)
     reader = lf.LogFileReader(str(path), follower)
@@ -964,7 +940,7 @@ def test_default_windows_agree_everywhere_and_stall_fits_in_the_hold():
         defaults = yaml.safe_load(f)
     with open(os.path.join(root, "roles/trainer/meta/argument_specs.yml")) as f:
         specs = yaml.safe_load(f)["argument_specs"]
-    doc = yaml.safe_load(trainer_ready.DOCUMENTATION)["options"]
+    doc = yaml.safe_load(trainer_restart.DOCUMENTATION)["options"]
     expect = rd.Expectations(invocation_id=INV)
     seen = {("defaults", defaults["trainer_ready_hold_s"], defaults["trainer_ready_stall_s"]),
             ("module doc", doc["hold_s"]["default"], doc["stall_s"]["default"]),

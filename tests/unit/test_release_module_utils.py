@@ -9,9 +9,9 @@ import os
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive, manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME
 from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
     KIND_FILE,
-    MARKER_NAME,
     RELEASE_ID_LEN,
     scan_tree,
 )

@@ -32,7 +32,7 @@ PREFIX = "ansible_collections.dflash.trainer.plugins.module_utils."
 LAYERS = {
     "_release_scan": set(),
     "_release_archive": {"_release_scan"},
-    "_release_extract": {"_release_scan", "_release_archive"},
+    "_release_extract": {"_release_scan", "_release_archive", "_private_file"},  # fsync_dir
     "_release_prune": set(),
     "_release_diff": {"_release_scan"},
 }

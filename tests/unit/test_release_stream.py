@@ -21,9 +21,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_extract im
     extract_archive_entries,
     extract_delta,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME
 from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
     KIND_FILE,
-    MARKER_NAME,
     ReleaseError,
     scan_tree,
 )

@@ -5,7 +5,8 @@ import stat
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, purge
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import purge
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, outcome_words, read_state, write_state
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
 

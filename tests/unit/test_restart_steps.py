@@ -66,6 +66,19 @@ def test_steps_stop_start_and_purge_pass_the_unit_and_the_bounds(tmp_path, monke
     assert steps.purge() is True and fakes["purge"].calls == [(("/cache/inductor",), {})]
 
 
+def test_a_refused_purge_is_a_failed_step_in_the_purges_words(tmp_path):
+    """The purge (_inductor_cache) refuses a directory that is not a cache: the job's step fails with
+    its words (the job then brings the trainer back), and nothing is deleted."""
+    cache = tmp_path / "ckpt"
+    cache.mkdir()
+    (cache / "checkpoint.pt").write_text("weights")
+    steps = rs.Steps(params(tmp_path, purge_dir=str(cache)), "/bin/systemctl", "/bin/nvidia-smi", tick=None)
+    with pytest.raises(StepFailed) as exc:
+        steps.purge()
+    assert exc.value.msg.startswith("refused to purge %s: " % cache) and "checkpoint.pt" in exc.value.msg
+    assert "nothing was deleted" in exc.value.msg and (cache / "checkpoint.pt").read_text() == "weights"
+
+
 def test_steps_drain_keeps_what_the_gpus_held_as_the_proofs_baseline(tmp_path, monkeypatch):
     ticks = []
     p = params(tmp_path, gpu_foreign_mib={"1": 500}, drain_max_mib=2048, drain_timeout_s=7)

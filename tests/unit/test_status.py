@@ -1,11 +1,15 @@
-"""trainer_status's decisions and data shaping (module_utils/_status.py): pure functions of the
-facts the module gathers, driven here with plain data, fake /proc trees and a fake clock."""
+"""trainer_status's decisions and data shaping (module_utils/_status.py), and trainer_begin's own
+(module_utils/_begin.py: what the run may write, the lock): pure functions of the facts the module
+gathers, driven here with plain data, fake /proc trees and a fake clock."""
 import os
 
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils._plan import make_plan
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _begin as b
+from ansible_collections.dflash.trainer.plugins.module_utils import _job_state as js
+from ansible_collections.dflash.trainer.plugins.module_utils import _release_root as rr
 from ansible_collections.dflash.trainer.plugins.module_utils import _status as s
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import Outcome
 from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import LogChunk
@@ -71,7 +75,7 @@ def foreign(path, _kind):
      ["b: /var/log/t/t.log resolves to /var/log/t/t.log, the same file as a"]),
 ])
 def test_ownership_problems_of_absent_paths(owned, expected):
-    assert s.ownership_problems(owned, look=absent) == expected
+    assert b.ownership_problems(owned, look=absent) == expected
 
 
 def test_ownership_problems_looks_at_each_path_and_stops_at_a_bad_item():
@@ -82,11 +86,11 @@ def test_ownership_problems_looks_at_each_path_and_stops_at_a_bad_item():
         return foreign(path, kind)
 
     path = "/etc/dflash-trainer/env"
-    got = s.ownership_problems([{"variable": "trainer_env_file", "kind": "env", "path": path}], look=look)
+    got = b.ownership_problems([{"variable": "trainer_env_file", "kind": "env", "path": path}], look=look)
     assert seen == [(path, "env")]
     assert len(got) == 1 and got[0].startswith("trainer_env_file: %s exists and was not written by dflash.trainer" % path)
     seen.clear()
-    got = s.ownership_problems([{"variable": "x", "kind": "bogus", "path": "/a"},
+    got = b.ownership_problems([{"variable": "x", "kind": "bogus", "path": "/a"},
                                 {"variable": "y", "kind": "env", "path": "/b"}], look=look)
     assert got == ["x: the role passed an unknown kind 'bogus' or a relative path"] and seen == []
 
@@ -99,7 +103,7 @@ def test_ownership_problems_looks_at_each_path_and_stops_at_a_bad_item():
                            "- b: two; accepted: a path that is absent or holds what dflash.trainer wrote there"),
 ])
 def test_refusal_message(refused, expected):
-    assert s.refusal_message(refused) == expected
+    assert b.refusal_message(refused) == expected
 
 
 # ---- the lock and the restart job ---------------------------------------------------------------
@@ -123,7 +127,7 @@ def test_lock_holder_job(out, state, alive, attached):
     def is_alive(st):
         asked.append(st)
         return alive
-    got = s.lock_holder_job(out, state, is_alive)
+    got = b.lock_holder_job(out, state, is_alive)
     assert got == (state if attached else None)
     assert asked in ([], [state])
 
@@ -137,7 +141,7 @@ def test_lock_holder_job(out, state, alive, attached):
      {"msg": "cannot create", "action": "error", "lock_refused": True}),
 ])
 def test_lock_refusal(out, expected):
-    assert s.lock_refusal(out) == expected
+    assert b.lock_refusal(out) == expected
 
 
 @pytest.mark.parametrize("out, attached, expected", [
@@ -148,7 +152,7 @@ def test_lock_refusal(out, expected):
      {"action": "stale", "msg": "taken over", "previous_owner": "bob"}),
 ])
 def test_lock_taken(out, attached, expected):
-    assert s.lock_taken(out, attached) == expected
+    assert b.lock_taken(out, attached) == expected
 
 
 @pytest.mark.parametrize("observed, state", [
@@ -159,12 +163,31 @@ def test_lock_taken(out, attached, expected):
     (({}, False), DONE),
 ])
 def test_job_over(observed, state):
-    verdict = s.job_over("j1")(observed, 3.0)
+    verdict = b.job_over("j1")(observed, 3.0)
     assert verdict.state == state
     if state == DONE:
         assert verdict.value is observed[0]
     else:
         assert verdict.words == "restart job j1 to end"
+
+
+@pytest.mark.parametrize("state, alive, job_id, end", [
+    ({"job_id": "j1", "phase": "proving"}, True, "j1", None),
+    ({"job_id": "j1", "phase": "proving"}, False, "j1", js.DIED),
+    ({"job_id": "j1", "done": True}, True, "j1", js.ENDED),
+    ({"job_id": "j2"}, True, "j1", js.NOT_ON_RECORD),
+    ({}, False, "j1", js.NOT_ON_RECORD),
+    ({"job_id": "j1"}, True, None, js.NOT_ON_RECORD),             # an id None is an id: not j1's
+])
+def test_job_end_is_the_one_judge_of_a_job_that_ended(state, alive, job_id, end):
+    assert js.job_end(state, alive, job_id) == end
+
+
+def test_job_end_without_an_id_judges_the_job_on_record():
+    assert js.job_end({"job_id": "j1", "done": True}, False) == js.ENDED
+    assert js.job_end({"job_id": "j1"}, False) == js.DIED
+    assert js.job_end({"job_id": "j1"}, True) is None
+    assert js.job_end(None, False) == js.NOT_ON_RECORD
 
 
 def test_job_summary():
@@ -356,17 +379,17 @@ def test_release_fields(link, last_good, running, expect):
 
 
 def test_read_release_marks(tmp_path):
-    assert s.read_release_marks(str(tmp_path)) == (None, None)
+    assert rr.read_release_marks(str(tmp_path)) == (None, None)
     (tmp_path / "releases" / "r1").mkdir(parents=True)
     os.symlink("releases/r1", str(tmp_path / "current"))
     (tmp_path / "last_good").write_text("r0\n")
-    assert s.read_release_marks(str(tmp_path)) == ("releases/r1", "r0\n")
+    assert rr.read_release_marks(str(tmp_path)) == ("releases/r1", "r0\n")
     (tmp_path / "other").mkdir()
     os.unlink(str(tmp_path / "current"))
     (tmp_path / "current").mkdir()                 # not a symlink: no current release
     (tmp_path / "last_good").unlink()
     (tmp_path / "last_good").mkdir()               # not a file: no last_good
-    assert s.read_release_marks(str(tmp_path)) == (None, None)
+    assert rr.read_release_marks(str(tmp_path)) == (None, None)
 
 
 NOW = 1_000_000.0

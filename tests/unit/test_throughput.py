@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
 from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
 
 
@@ -51,16 +52,16 @@ def test_gate(ratio, median, refused):
 
 def test_ledger_is_atomic_bounded_and_survives_garbage(tmp_path):
     path = str(tmp_path / "ledger.json")
-    assert t.read_ledger(path) == []
+    assert ld.read_ledger(path) == []
     for i in range(60):
-        t.append_ledger(path, [t.entry("r%d" % i, "proved", {}, now=i)], keep=50)
-    entries = t.read_ledger(path)
+        ld.append_ledger(path, [t.entry("r%d" % i, "proved", {}, now=i)], keep=50)
+    entries = ld.read_ledger(path)
     assert len(entries) == 50 and entries[0]["release"] == "r10" and entries[-1]["release"] == "r59"
     assert json.load(open(path))["version"] == 1
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
     with open(path, "w") as fh:
         fh.write("{not json")
-    assert t.read_ledger(path) == []
+    assert ld.read_ledger(path) == []
 
 
 def test_history_rows_newest_first_with_marks():

@@ -12,6 +12,7 @@ import pytest
 from ansible_collections.dflash.trainer.plugins.filter.systemd_quote import systemd_env_file, systemd_exec_argv
 from ansible_collections.dflash.trainer.plugins.module_utils import _config_id as c
 from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps as rs
+from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
 from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
 
@@ -273,7 +274,7 @@ def test_the_gate_refuses_a_slower_release_not_a_slower_experiment():
 
 
 def test_old_entries_without_a_configuration_still_read():
-    ledger = t.read_ledger(LEDGER)
+    ledger = ld.read_ledger(LEDGER)
     assert "config" not in ledger[0] and ledger[-1]["config"]
     rows = t.history_rows(ledger, running="b2c0ffee00000002", current="b2c0ffee00000002", limit=50)
     by_at = {r["at"]: r for r in rows}

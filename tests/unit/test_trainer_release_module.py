@@ -12,7 +12,8 @@ import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive, manifest_items
 from ansible_collections.dflash.trainer.plugins.module_utils._release_root import switch_current
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import MARKER_NAME, scan_tree
+from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import scan_tree
 from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
 
 MODULE_FILE = mod.__file__

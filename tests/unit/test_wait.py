@@ -21,7 +21,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     poll_until,
     waiting,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils import _status
+from ansible_collections.dflash.trainer.plugins.module_utils import _begin, _status
 from ansible_collections.dflash.trainer.plugins.modules import trainer_begin, trainer_restart
 
 
@@ -259,7 +259,7 @@ def test_status_waits_for_an_interrupted_plays_job_then_says_what_it_did(tmp_pat
     words = trainer_begin.wait_for_job(path, job, 1800, clock=clock, sleep=clock.sleep)
     assert clock.slept == [0.5] * 4 and words == "waited for " + trainer_begin.outcome_words(
         json.load(open(path)))
-    assert _status.job_over("j1")(({"job_id": "j2"}, True), 0).state == DONE  # another job on record
+    assert _begin.job_over("j1")(({"job_id": "j2"}, True), 0).state == DONE  # another job on record
 
 
 def test_the_watch_after_the_proof_ends_when_the_unit_cannot_be_read():
