@@ -2,7 +2,13 @@
 registered (module_utils/_group.py, pure and tested), so the role's group flow stays a `when:` on a field."""
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dflash.trainer.plugins.module_utils._group import barrier, group_plan, not_whole, verdict
+from ansible_collections.dflash.trainer.plugins.module_utils._group import (
+    barrier,
+    failure_words,
+    group_plan,
+    not_whole,
+    verdict,
+)
 
 KINDS = ("whole", "barrier", "plan", "verdict")
 
@@ -40,6 +46,11 @@ def trainer_group(members, kind, hostvars, var, what="", in_run=None):
                       list(in_run or []))
 
 
+def trainer_group_failure(restart, rollback_release, rollback=None):
+    """What a failed group restart ends with, in words (_group.failure_words)."""
+    return failure_words(restart or {}, rollback_release, rollback if isinstance(rollback, dict) else None)
+
+
 class FilterModule:
     def filters(self):
-        return {"trainer_group": trainer_group}
+        return {"trainer_group": trainer_group, "trainer_group_failure": trainer_group_failure}

@@ -115,3 +115,16 @@ def verdict(members, jobs):
                     words="trainer group: %d of %d members failed their proof - %s" % (
                         len(failed), len(members), _listed(failed)))
     return dict(ok=True, failed=[], words="trainer group: every member (%s) proved" % ", ".join(members))
+
+
+def failure_words(restart, rollback_release, rollback=None):
+    """What a failed group restart ends with, in words: ``restart`` the restart's verdict, ``rollback_release``
+    the group's last good release (None: there was none, every member was stopped), ``rollback`` the
+    rollback's own verdict (every member's rollback job, judged like the restart's)."""
+    if rollback_release is None:
+        return "%s. No release was proved on every member before: every member was stopped." % restart["words"]
+    if rollback and rollback.get("ok"):
+        return "%s. Every member was put back on release %s and proved again (%s)." % (
+            restart["words"], rollback_release, rollback["words"])
+    return "%s. The rollback to release %s failed too - %s: each member is left as its rollback job ended." % (
+        restart["words"], rollback_release, (rollback or {}).get("words") or "no member's rollback job ended")

@@ -89,3 +89,18 @@ def test_a_member_is_deployed_only_with_its_group():
 def test_whole_says_which_member_is_outside_the_run():
     assert trainer_group(M, "whole", {}, "dist", "", M) == {"refused": None}
     assert "g1 is not in this run" in trainer_group(M, "whole", {}, "dist", "", ["g0"])["refused"]
+
+
+def test_a_failed_restart_says_what_the_rollback_left():
+    from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group_failure
+    restart = verdict(M, {"g0": {"result": {"ok": True}}, "g1": {"result": {"ok": False, "msg": "exited 1"}}})
+    back = verdict(M, {"g0": {"result": {"ok": True}}, "g1": {"result": {"ok": True}}})
+    assert trainer_group_failure(restart, "r1", back) == (
+        "trainer group: 1 of 2 members failed their proof - g1: exited 1. Every member was put back on release r1 "
+        "and proved again (trainer group: every member (g0, g1) proved).")
+    half = verdict(M, {"g0": {"failed": True, "msg": "not started"}, "g1": {"result": {"ok": True}}})
+    words = trainer_group_failure(restart, "r1", half)
+    assert "Every member was put back" not in words
+    assert "The rollback to release r1 failed too" in words and "g0: not started" in words
+    assert "no member's rollback job ended" in trainer_group_failure(restart, "r1", None)
+    assert trainer_group_failure(restart, None).endswith("every member was stopped.")
