@@ -22,6 +22,7 @@ import re
 
 import pytest
 import yaml
+from role_tasks import tasks as _tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "trainer")
@@ -37,16 +38,6 @@ def load(*parts):
 def read(*parts):
     with open(os.path.join(ROLE, *parts), encoding="utf-8") as fh:
         return fh.read()
-
-
-def _tasks(items):
-    """Every task in a task list, blocks opened."""
-    for task in items or []:
-        if not isinstance(task, dict):
-            continue
-        yield task
-        for key in ("block", "rescue", "always"):
-            yield from _tasks(task.get(key))
 
 
 def _included(task, chosen):

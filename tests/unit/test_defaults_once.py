@@ -33,6 +33,7 @@ import re
 
 import pytest
 import yaml
+from role_tasks import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "trainer")
@@ -117,14 +118,6 @@ def option(spec, path):
         if node is None:
             return None
     return node
-
-
-def tasks(items):
-    for task in items or []:
-        if isinstance(task, dict):
-            yield task
-            for key in ("block", "rescue", "always"):
-                yield from tasks(task.get(key))
 
 
 def task_files():

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import yaml
+from role_tasks import tasks as _walk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
@@ -233,13 +234,6 @@ def test_a_wrong_stated_default_fails(doc_text, problem):
 
 
 # -- what the role calls ---------------------------------------------------------------------------
-
-def _walk(items):
-    for task in items or []:
-        if isinstance(task, dict):
-            yield task
-            for key in ("block", "rescue", "always"):
-                yield from _walk(task.get(key))
 
 
 def filter_names():

@@ -18,6 +18,7 @@ from ansible_collections.dflash.trainer.plugins.filter import trainer_run
 from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
 from ansible_collections.dflash.trainer.plugins.module_utils import _restart_options as ro
 from ansible_collections.dflash.trainer.plugins.modules import trainer_restart
+from role_tasks import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "trainer")
@@ -29,14 +30,6 @@ PROVING = ("main", "restart", "rollback", "start")
 def load(*parts):
     with open(os.path.join(ROLE, *parts), encoding="utf-8") as fh:
         return yaml.safe_load(fh)
-
-
-def tasks(items):
-    for task in items or []:
-        if isinstance(task, dict):
-            yield task
-            for key in ("block", "rescue", "always"):
-                yield from tasks(task.get(key))
 
 
 def restart_calls():
