@@ -337,7 +337,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
             return waiting("measuring throughput", wake_at=found["until"],
                            deadline=max(expect.timeout_s, found["until"]))
         return waiting("waiting for: %s (%s s of %s)" % (verdict.reason, fmt_s(elapsed), fmt_s(expect.timeout_s)),
-                       wake_at=judge.deadline)
+                       wake_at=judge.wake_at)
 
     out = poll_until(observe, judge_proof, expect.timeout_s, interval_s, clock=clock, sleep=sleep,
                      on_wait=_ticker(tick))

@@ -414,6 +414,7 @@ class Judge(object):
         self.hold_since = None
         self.hold_step = None
         self.hold_rises = 0
+        self.last_now = None  # the time of the last observation
         self.progress_step = None
         self.progress_at = None
         self.first_step_at = None
@@ -442,6 +443,19 @@ class Judge(object):
         if self.deadline is None:
             return max(0.0, interval)
         return max(0.0, min(interval, self.deadline - now))
+
+    @property
+    def wake_at(self):
+        """When the next observation should come at the latest: the end of the hold window while
+        every condition holds and it is still ahead (the verdict then comes when the hold ends, not
+        up to a poll interval later), else the deadline."""
+        ends = [self.deadline]
+        if self.hold_since is not None and self.last_now is not None:
+            hold_end = self.hold_since + self.expect.hold_s
+            if hold_end > self.last_now:
+                ends.append(hold_end)
+        ends = [t for t in ends if t is not None]
+        return min(ends) if ends else None
 
     @property
     def stall_window_s(self):
@@ -593,6 +607,7 @@ class Judge(object):
         if self.start is None:
             self.start = snap.now
         self.observations += 1
+        self.last_now = snap.now
         expect = self.expect
         props = snap.unit
         log = snap.log

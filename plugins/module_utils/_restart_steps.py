@@ -172,8 +172,9 @@ class JobRecord(object):
         self.path, self.secrets, self.keeper, self.clock, self.monotonic = p["state_path"], secrets, keeper, clock, monotonic
         self.state = dict(version=1, job_id=p["job_id"], pid=pid, pid_start=pid_start(pid), owner=p["owner"],
                           started=clock(), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          reasons=p["reasons"], phase="starting job", done=False)
+                          reasons=p["reasons"], phase="starting job", done=False, timeline=[])
         self.last_said = 0.0
+        self.began = monotonic()
 
     def save(self):
         write_state(self.path, mask(self.state, self.secrets))
@@ -187,11 +188,14 @@ class JobRecord(object):
             self.save()
 
     def on_phase(self, name, **kw):
+        # [phase, seconds since the job began] for each phase: where a restart's time went
+        self.state["timeline"].append([name, round(self.monotonic() - self.began, 3)])
         self.state.update(phase=name, phase_at=self.clock(), waiting=None, **kw)
         self.save()
         self.keeper.renew()
 
     def finish(self, result):
+        self.state["timeline"].append(["finished", round(self.monotonic() - self.began, 3)])
         self.state.update(done=True, phase="done", finished=self.clock(), result=result)
         self.save()
 

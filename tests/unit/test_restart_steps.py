@@ -208,6 +208,8 @@ def test_job_record_writes_phases_masks_secrets_and_says_what_it_waits_for_every
     state = read_state(p["state_path"])
     assert (state["done"], state["phase"], state["finished"], state["result"]) == (True, "done", 1234.0,
                                                                                    {"ok": True, "outcome": "ready"})
+    # where the job's time went: each phase and the end, in seconds since the record was made
+    assert state["timeline"] == [["stopping", 0.0], ["finished", 7.0]]
 
 
 # --- run_restart: the job's entry ----------------------------------------------------------------
