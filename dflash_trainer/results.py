@@ -586,7 +586,37 @@ class _HostState:
         if res.get("diff"):
             r.diffs.extend(_diffs(task, res.get("diff")))
         action = _action(event_data)
-        if _is(action, "trainer_restart") and _bool(res.get("finished")):
+        if _is(action, "trainer_restart"):
+            self.job_start(kind, res)
+        elif _is(action, "trainer_validate") and kind == "ok" and res.get("source") is not None:
+            r.source = _str(res.get("source"))  # "": trainer_src is not a git checkout
+        elif (_is(action, "trainer_status") or _is(action, "trainer_begin")) and kind == "ok":
+            r.status = TrainerStatus.from_result(res)
+            plan = _mapping(res.get("plan"))
+            self.entry = _str(plan.get("entry")) or self.entry
+            # a deploy that changed nothing (no_op), or whose release was already current, uploads nothing:
+            # the release is the one current points at
+            if plan.get("entry") == "deploy" and (_bool(plan.get("no_op")) or not _bool(plan.get("upload"))):
+                self.current_fallback = self.current_fallback or _str(res.get("current_release"))
+                self.unswitched = True
+            if isinstance(res.get("log"), Mapping):
+                r.log = TrainerLog.from_result(res.get("log"))
+            if isinstance(res.get("job_start"), Mapping):  # the first read started the plan's restart job
+                self.job_start(kind, res["job_start"])
+        elif _is(action, "trainer_release") and kind == "ok":
+            state = _release_state(res)
+            # present: uploaded (the restart job switches current to it)
+            if state == "present":
+                r.release = _str(res.get("release"))
+                r.previous_release = self.upload_over = _str(res.get("previous"))
+                self.release_from_switch = True
+            else:
+                self.current_fallback = _str(res.get("current")) or _str(res.get("release")) or self.current_fallback
+
+    def job_start(self, kind: str, res: Mapping) -> None:
+        """A result of the restart job's start or watch (trainer_restart; trainer_begin's job_start)."""
+        r = self.result
+        if _bool(res.get("finished")):
             # the restart job (stop, drain, purge, start, prove; rollback), watched with state=wait
             if isinstance(res.get("reasons"), list):  # a job that ended within the call that started it
                 r.reasons = [_str(x) or "" for x in res["reasons"]]
@@ -620,33 +650,11 @@ class _HostState:
                 self.release_from_switch = True
                 if job.rollback_proof is not None:
                     r.proof = job.rollback_proof
-        elif _is(action, "trainer_restart") and kind == "ok" and _bool(res.get("not_started")):
+        elif kind == "ok" and _bool(res.get("not_started")):
             self.not_started = True
-        elif _is(action, "trainer_restart") and kind == "ok" and isinstance(res.get("reasons"), list):
+        elif kind == "ok" and isinstance(res.get("reasons"), list):
             # the call that started the job: why the trainer restarts
             r.reasons = [_str(x) or "" for x in res["reasons"]]
-        elif _is(action, "trainer_validate") and kind == "ok" and res.get("source") is not None:
-            r.source = _str(res.get("source"))  # "": trainer_src is not a git checkout
-        elif (_is(action, "trainer_status") or _is(action, "trainer_begin")) and kind == "ok":
-            r.status = TrainerStatus.from_result(res)
-            plan = _mapping(res.get("plan"))
-            self.entry = _str(plan.get("entry")) or self.entry
-            # a deploy that changed nothing (no_op), or whose release was already current, uploads nothing:
-            # the release is the one current points at
-            if plan.get("entry") == "deploy" and (_bool(plan.get("no_op")) or not _bool(plan.get("upload"))):
-                self.current_fallback = self.current_fallback or _str(res.get("current_release"))
-                self.unswitched = True
-            if isinstance(res.get("log"), Mapping):
-                r.log = TrainerLog.from_result(res.get("log"))
-        elif _is(action, "trainer_release") and kind == "ok":
-            state = _release_state(res)
-            # present: uploaded (the restart job switches current to it)
-            if state == "present":
-                r.release = _str(res.get("release"))
-                r.previous_release = self.upload_over = _str(res.get("previous"))
-                self.release_from_switch = True
-            else:
-                self.current_fallback = _str(res.get("current")) or _str(res.get("release")) or self.current_fallback
 
     def finish(self, stats: Optional[Mapping]) -> HostResult:
         r = self.result

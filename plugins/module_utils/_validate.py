@@ -10,8 +10,8 @@ of them at once. The argument spec catches wrong types; this catches values that
 and still dangerous or meaningless: a cache "purge" of the release root, a unit file written as
 ``ssh.service`` or ``../x.service``, a stall window longer than the hold, a regex that matches
 every line. Checks that need the target (a unit of that name that is not ours, GPUs the host
-lacks, a minimum above a GPU's memory) are in ``target_problems`` and run on what the first
-status read returned, still before any change.
+lacks, a minimum above a GPU's memory) are in ``target_problems`` (``_target_checks``, re-exported
+here) and run on what the first status read returned, still before any change.
 """
 
 from __future__ import annotations
@@ -30,9 +30,25 @@ import time
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import placement_problem, within
+from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import (
+    UNIT_ACCEPTED,
+    UNIT_MARK,
+    Problem,
+    _is_int,
+    _number,
+    _show,
+    gpu_indexes,
+    message,
+    target_problems,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
 
 ENTRIES = ("main", "restart", "rollback", "status")
+
+# The checks on what the first read of the target returned (target_problems, the Problem they
+# answer and the message that words them) live in _target_checks, which a module on the target
+# imports without this file; they are re-exported here for the callers of _validate.
+REEXPORTED = (Problem, message, target_problems, gpu_indexes, UNIT_MARK, UNIT_ACCEPTED, _number, _is_int, _show)
 
 # Characters a path may hold: it reaches a unit file, an EnvironmentFile and argv lists; a space,
 # a quote, `;`, `$`, `%` (a systemd specifier) or a control character is always a typo here.
@@ -47,8 +63,6 @@ SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/li
 VIRTUAL_DIRS = ("/proc", "/sys", "/dev")
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
-UNIT_ACCEPTED = ("a unit name of letters, digits and _ . : - (no '/', '@', spaces or '..'), "
-                 "without the .service suffix, not the name of a unit this collection did not write")
 _UNIT_SUFFIXES = (".service", ".socket", ".target", ".timer", ".mount", ".path", ".slice", ".scope",
                   ".device", ".swap", ".automount")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -67,8 +81,6 @@ ENV_TOTAL_MAX = 256 * 1024
 _RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 GPU_INDEX_MAX = 63
 SECONDS_MAX = 7 * 24 * 3600
-# the description line of the unit template: how a unit of ours is recognised on the target
-UNIT_MARK = "managed by dflash.trainer"
 
 # (variable, minimum, maximum, unit words); the variables in _INTEGERS take whole numbers only
 _NUMBERS = (
@@ -113,61 +125,10 @@ _REGEXES = ("trainer_ready_regex", "trainer_step_regex", "trainer_tokps_regex")
 _STATUS_VARS = {"trainer_root", "trainer_log_path", "trainer_unit_name", "trainer_nvidia_smi", "trainer_env_file"}
 
 
-class Problem(object):
-    """One refused input, in words a user can act on."""
-
-    def __init__(self, variable, why, accepted, value=None, secret=False, show_value=True):
-        self.variable = variable
-        self.why = why
-        self.accepted = accepted
-        self.value = value
-        self.secret = secret
-        self.show_value = show_value and not secret
-
-    def __str__(self):
-        got = ""
-        if self.show_value:
-            got = " (got %s)" % _show(self.value)
-        elif self.secret:
-            got = " (value not shown: it is a secret)"
-        return "%s: %s%s; accepted: %s" % (self.variable, self.why, got, self.accepted)
-
-    def __repr__(self):
-        return "Problem(%s)" % self
-
-
-def _show(value):
-    text = repr(value)
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
 def has_control(text):
     """A control character (newline, tab, NUL, DEL, ...): never in a value that reaches a unit file,
     an environment file or argv."""
     return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_DECIMAL_RE = re.compile(r"^-?[0-9]+(\.[0-9]+)?\Z")
-
-
-def _number(value):
-    """int/float, or a string that is a plain ASCII decimal (extra vars from -e are strings); else None.
-
-    Python's int() and float() also read "1_0", "1e3", " 5 ", "inf" and non-ASCII digits ("\u0665");
-    systemd reads none of these the same way, so none is a number here."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, str) and _DECIMAL_RE.match(value):
-        return int(value) if "." not in value else float(value)
-    return None
 
 
 def path_problem(name, value):
@@ -651,11 +612,6 @@ def _measure_problems(v):
     return problems
 
 
-def gpu_indexes(gpus):
-    """trainer_gpus as ints (after ``check`` accepted it)."""
-    return [int(g) for g in gpus]
-
-
 def src_problems(src, excludes=()):
     """The release source on the controller: a directory whose tree can become a release.
 
@@ -980,49 +936,6 @@ def check(v, entry="main"):
             problems.append(Problem("trainer_rollback_release", "is not a release id",
                                     "a release id as listed by status (e.g. dda2287ea665b415)", rid))
     return problems
-
-
-def target_problems(v, gpus=None, unit=None, unit_path=None):
-    """Checks on what the first reads of the target returned, before anything changes.
-
-    ``gpus``: trainer_status's ``gpus`` list (index, memory_total_mib); ``unit``: trainer_status's view of the
-    unit (load_state, fragment_path, description).
-    """
-    problems = []
-    if unit is not None and unit.get("gpu_error"):
-        problems.append(Problem("trainer_nvidia_smi", "nvidia-smi failed on the target: %s" % unit["gpu_error"],
-                                "an nvidia-smi that lists the trainer's GPUs", v.get("trainer_nvidia_smi")))
-    if gpus is not None and "trainer_gpus" in v:
-        have = {g.get("index"): g for g in gpus}
-        wanted = gpu_indexes(v["trainer_gpus"])
-        missing = [g for g in wanted if g not in have]
-        if missing:
-            problems.append(Problem("trainer_gpus", "asks for GPU %s, which nvidia-smi does not list (it lists %s)"
-                                    % (", ".join(str(g) for g in missing), ", ".join(str(i) for i in sorted(have)) or "none"),
-                                    "indexes nvidia-smi lists", v["trainer_gpus"]))
-        min_mib = _number(v.get("trainer_gpu_min_mib"))
-        if min_mib is not None:
-            small = [(g, have[g].get("memory_total_mib")) for g in wanted
-                     if g in have and _is_int(have[g].get("memory_total_mib")) and have[g]["memory_total_mib"] < min_mib]
-            if small:
-                problems.append(Problem("trainer_gpu_min_mib", "is above the memory of %s" % ", ".join(
-                    "GPU %d (%d MiB)" % s for s in small), "at most the smallest trainer GPU's memory.total",
-                    v["trainer_gpu_min_mib"]))
-    if unit is not None and unit.get("load_state") == "loaded":
-        fragment = unit.get("fragment_path") or ""
-        ours = UNIT_MARK in (unit.get("description") or "") and (unit_path is None or fragment == unit_path)
-        if not ours:
-            problems.append(Problem("trainer_unit_name", "names a unit this collection did not write (%s, %s)"
-                                    % (fragment or "no unit file", unit.get("description") or "no description"),
-                                    UNIT_ACCEPTED, v.get("trainer_unit_name")))
-    return problems
-
-
-def message(problems, entry="main"):
-    """One message for all problems: the deploy is refused, nothing on the target changed."""
-    lines = ["refused before any change on the target (%d problem%s):" % (len(problems), "" if len(problems) == 1 else "s")]
-    lines.extend("- %s" % p for p in problems)
-    return "\n".join(lines)
 
 
 def normalised(path):

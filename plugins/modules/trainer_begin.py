@@ -129,6 +129,26 @@ options:
       min_tokps_ratio:
         description: The throughput gate of an ordinary deploy (a forced one, O(intent.force), has none).
         type: float
+  checks:
+    description:
+      - The role's variables the read is checked against before anything changes (by their names -
+        V(trainer_gpus), V(trainer_gpu_min_mib), V(trainer_nvidia_smi), V(trainer_unit_name)) - every trainer GPU
+        is listed by nvidia-smi and has the memory asked for, the unit is the collection's or free. A problem fails
+        the module (RV(problems)), the lock released.
+    type: dict
+  job:
+    description:
+      - The restart job's settings - the options of M(dflash.trainer.trainer_restart) with C(state=start), less
+        the ones the plan decides (its release, reasons and throughput gate, whether to pre-flight, and
+        C(preflight.release_dir)) and those given here at the top (O(install), O(env_content),
+        O(environment_json)). With them, a plan that restarts a release already on the target (no upload)
+        starts its job in this call (RV(job_start)); a plan that uploads leaves it to the role.
+      - Checked as M(dflash.trainer.trainer_restart) checks its options; a wrong one fails the task, nothing started.
+    type: dict
+  environment_json:
+    description: With O(job), the unit's environment for the job's pre-flight, JSON (a secret, never logged).
+    type: str
+    default: "{}"
 attributes:
   check_mode:
     support: full
@@ -179,6 +199,14 @@ lock_refused:
   description: V(true) when the lock was not taken (the module then fails).
   returned: failure
   type: bool
+job_start:
+  description:
+    - The start of the plan's restart job in this call (with O(job), a plan that restarts without an upload) -
+      what M(dflash.trainer.trainer_restart) C(state=start) returns (V(started), V(finished), V(lock_holder),
+      V(result) when it ended within its C(wait_s), V(not_started) with the reason when it refused), and
+      V(failed).
+  returned: when the call started the plan's job
+  type: dict
 current_release:
   description: The release C(current) points at; every field M(dflash.trainer.trainer_status) returns is returned too.
   returned: when O(trainer_root) is given
@@ -203,6 +231,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     InstallError,
     install_all,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._job_start import start_planned
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
 from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, job_wait_s, lock_holder, make_plan
@@ -211,6 +240,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_root impor
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._status_read import READ_OPTIONS, read_status
+from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import message, target_problems
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 
 
@@ -270,6 +300,9 @@ def main():
             )),
             install=dict(type="dict", options=INSTALL_SUBOPTIONS),
             env_content=ENV_CONTENT_OPTION,
+            checks=dict(type="dict"),
+            job=dict(type="dict"),
+            environment_json=dict(type="str", default="{}", no_log=True),
             lock=dict(type="dict", options=dict(
                 path=dict(type="path", required=True),
                 token=dict(type="str", required=True, no_log=False),
@@ -299,13 +332,23 @@ def main():
         if diff:  # diff mode: the files the deploy installs, the environment masked
             result["diff"] = diff
     plan = result["plan"] = make_plan(p["intent"], result, result.get("install"), settings=p["settings"])
+    problems = [str(x) for x in target_problems(p["checks"], result.get("gpus") or [], result,
+                                                "/etc/systemd/system/%s.service" % p["unit"])] if p["checks"] else []
+    if problems:  # before any change, the lock freed: the read refutes an input
+        plan["refused"] = message(problems)
+        result["problems"] = problems
     result["lock_holder"] = "play" if taken is not None else "nobody"
     if taken is not None:
         result["lock"] = taken
-        if lock_holder(plan, hold=p["intent"]["hold"]) == "nobody":  # nothing past this call: freed here
+        if problems or lock_holder(plan, hold=p["intent"]["hold"]) == "nobody":  # nothing past this call: freed here
             freed = release(p["lock"]["path"], p["lock"]["token"])
             taken["released"] = bool(freed.ok)
             result["lock_holder"] = "nobody" if freed.ok else "play"
+        elif p["job"] and plan["restart"] and not plan["upload"] and not p["intent"]["hold"]:
+            # a restart of what is on the target: its job starts here (one remote call); the lock is the job's
+            result["job_start"] = start_planned(module, plan, p["job"], p["trainer_root"], p, run)
+            result["lock_holder"] = result["job_start"].get("lock_holder", "unknown")
+            result["changed"] = bool(result["job_start"].get("started"))
     result = mask(result, read_secrets(p["env_file"]))
     if plan["refused"]:
         module.fail_json(msg=plan["refused"], **result)

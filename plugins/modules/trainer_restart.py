@@ -502,30 +502,13 @@ result:
       type: dict
 """
 
-import os
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import InstallError
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
+from ansible_collections.dflash.trainer.plugins.module_utils._job_start import run_job, start_job, wait_for_job
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight import Refused
-from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import collision
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS, with_proof
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import (
-    before_start,
-    detach,
-    job_ended,
-    job_recorded,
-    run_restart,
-    summary,
-    wait_report,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import before_start
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import enable_unit, run_stop
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 
 
 def report(module, ok, fields):
@@ -534,61 +517,11 @@ def report(module, ok, fields):
     module.fail_json(**fields)
 
 
-def run_job(module):
-    p = module.params
+def run_foreground(module):
     for name in ("unit", "root", "log_path"):
-        if not p[name]:
+        if not module.params[name]:
             module.fail_json(msg="%s is required with state=run" % name)
-    systemctl = module.get_bin_path("systemctl", required=True)
-    nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
-    if nvidia_smi is None:
-        module.fail_json(msg="nvidia-smi (%s) not found on the target" % p["nvidia_smi"])
-    os.umask(0o077)  # the state file, the ledger and their temporary files: 0600 (log tails are kept there)
-    report(module, *summary((run_stop if p["state"] == "stop" else run_restart)(p, systemctl, nvidia_smi)))
-
-
-def start_detached(module):
-    """Run the job in a grandchild detached from this module's session and streams (it survives
-    the connection, the controller and this process), return once it has recorded itself."""
-    p = module.params
-
-    def refuse(**kw):  # before the fork: nothing was stopped, the lock is still the play's
-        module.fail_json(not_started=True, lock_holder="play", **kw)
-
-    earlier = read_state(p["state_path"]) or {}
-    # every failure before the fork says not_started: nothing was stopped and the lock is still the play's
-    if earlier.get("job_id") == p["job_id"]:
-        module.fail_json(msg="restart job %s was already started" % p["job_id"], lock_holder="job")
-    if job_alive(earlier):
-        refuse(msg="refused: %s; one restart at a time" % outcome_words(earlier))
-    why = collision(p)  # the progress file is only read: never a file the collection writes
-    if why:
-        refuse(msg="trainer_progress_path: %s; nothing was changed" % why)
-    try:  # a deliberate stop (state=stop) has nothing to pre-flight, install or enable
-        before = {} if p["state"] == "stop" else before_start(
-            p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True))
-        if p["enable"] and p["state"] == "start":  # a stop with disable=true disabled it
-            before["enabled_unit"] = enable_unit(ModuleRunner(module), module.get_bin_path("systemctl", required=True),
-                                                 p["unit"])
-    except Refused as exc:  # the old trainer runs on, untouched
-        refuse(preflight_refused=True, **exc.result)
-    except InstallError as exc:  # nothing was stopped
-        refuse(msg=exc.msg, install=exc.result, install_failed=True)
-    except StepFailed as exc:  # enabling the unit failed: nothing was stopped
-        refuse(msg=exc.msg)
-    pid = detach(lambda: run_job(module))
-    recorded = poll_until(lambda: read_state(p["state_path"]) or {}, job_recorded(p["job_id"]), 10, 0.05)
-    if not recorded.ok:
-        module.fail_json(msg="restart job %s (pid %s) did not record itself in %s within 10 s"
-                         % (p["job_id"], pid, p["state_path"]), lock_holder="unknown", **before)
-    started = dict(before, changed=True, started=True, lock_holder="play" if p["keep_lock"] else "job",
-                   job_id=p["job_id"], pid=int(pid) if pid.isdigit() else None,
-                   reasons=p["reasons"],
-                   phase=recorded.value.get("phase"), finished=False)
-    if p["wait_s"]:  # the first watch rides with the start (a short restart needs no second call)
-        ok, fields = wait_for_job(p)
-        report(module, ok, dict(started, **dict(fields, changed=True, started=True)))
-    module.exit_json(**started)
+    run_job(module, module.params)
 
 
 def preflight_only(module):
@@ -604,16 +537,6 @@ def preflight_only(module):
     module.exit_json(changed=False, lock_holder="play", **fields)
 
 
-def wait_for_job(p, clock=time.monotonic, sleep=time.sleep):
-    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive), job_ended(p["job_id"]), p["wait_s"], 0.25,
-                     clock=clock, sleep=sleep)
-    return wait_report(out, p["state_path"])
-
-
-def wait(module, clock=time.monotonic, sleep=time.sleep):
-    report(module, *wait_for_job(module.params, clock=clock, sleep=sleep))
-
-
 def main():
     module = AnsibleModule(argument_spec=RESTART_OPTIONS, supports_check_mode=True)
     try:
@@ -623,7 +546,7 @@ def main():
     if module.params["wait_s"] is None:
         module.params["wait_s"] = 30 if module.params["state"] == "wait" else 0
     if module.params["state"] == "wait":
-        wait(module)
+        report(module, *wait_for_job(module.params))
     if module.check_mode:
         module.exit_json(changed=True, finished=True, phase="check mode", result={},
                          msg="check mode: the trainer would be %s" % (
@@ -631,8 +554,8 @@ def main():
     if module.params["state"] == "preflight":
         preflight_only(module)
     if module.params["state"] in ("start", "stop"):
-        start_detached(module)
-    run_job(module)
+        report(module, *start_job(module, module.params, ModuleRunner(module)))
+    run_foreground(module)
 
 
 if __name__ == "__main__":

@@ -118,14 +118,14 @@ def test_the_job_state_file_has_one_owner():
     """Readers and the writer of restart.json meet in _job_state, which needs nothing of the cycle,
     and every judge of whether a job ended asks its job_end."""
     assert closure_of(os.path.join(UTILS, "_job_state.py")) <= {"_private_file"}
-    for module in ("trainer_begin", "trainer_restart"):
-        assert "_job_state" in imported_utils(os.path.join(MODULES, module + ".py"))
+    assert "_job_state" in imported_utils(os.path.join(MODULES, "trainer_begin.py"))
+    assert "_job_state" in imported_utils(os.path.join(UTILS, "_job_start.py"))  # trainer_restart's and begin's start
     assert "_job_state" in imported_utils(os.path.join(UTILS, "_status_read.py"))  # trainer_status's read
     assert "_job_state" in imported_utils(os.path.join(UTILS, "_status.py"))
     for name in ("_begin", "_restart_steps", "_status"):  # job_over, job_ended, stopped_on_purpose
         assert "job_end" in names_from(os.path.join(UTILS, name + ".py"), "_job_state"), name
     for path in python_files():  # nobody imports the job state's names from elsewhere (no re-export)
-        for util in ("_restart_job", "_status", "_cycle", "_restart_steps"):
+        for util in ("_restart_job", "_status", "_cycle", "_restart_steps", "_job_start"):
             assert not names_from(path, util) & {"read_state", "write_state", "job_alive", "observe_job", "pid_start",
                                                  "outcome_words", "job_end"}, (path, util)
 
@@ -176,6 +176,8 @@ def test_small_owners_stay_small():
     assert "_release_scan" not in closure_of(os.path.join(UTILS, "_ownership.py"))
     # the purge and its judge: stdlib only (the lab runs the file's source alone in a container)
     assert closure_of(os.path.join(UTILS, "_inductor_cache.py")) == set()
+    # the checks on the target's first read: stdlib only (a module on the target ships them, not _validate)
+    assert closure_of(os.path.join(UTILS, "_target_checks.py")) == set()
 
 
 def used_names(tree):

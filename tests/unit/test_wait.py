@@ -22,7 +22,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     waiting,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils import _begin, _status
-from ansible_collections.dflash.trainer.plugins.modules import trainer_begin, trainer_restart
+from ansible_collections.dflash.trainer.plugins.module_utils import _job_start
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import outcome_words
+from ansible_collections.dflash.trainer.plugins.modules import trainer_begin
 
 
 class Clock(object):
@@ -195,9 +197,9 @@ def job_state(path, **state):
 
 
 def test_job_recorded_and_job_ended_judges():
-    assert trainer_restart.job_recorded("j1")({"job_id": "j1", "phase": "stop"}, 0).state == DONE
-    assert trainer_restart.job_recorded("j1")({"job_id": "j0"}, 0).state == "waiting"
-    ended = trainer_restart.job_ended("j1")
+    assert _job_start.job_recorded("j1")({"job_id": "j1", "phase": "stop"}, 0).state == DONE
+    assert _job_start.job_recorded("j1")({"job_id": "j0"}, 0).state == "waiting"
+    ended = _job_start.job_ended("j1")
     assert ended(({"job_id": "j1", "done": True}, False), 0).state == DONE
     died = ended(({"job_id": "j1", "phase": "proving"}, False), 0)
     assert (died.state, died.words) == (FAILED, "restart job j1 died in phase proving without an outcome")
@@ -221,26 +223,23 @@ class FakeModule(object):
 def test_the_watch_of_the_restart_job_reports_its_phase_at_its_deadline(tmp_path, monkeypatch):
     path = str(tmp_path / "restart.json")
     job_state(path, job_id="j1", phase="proving", pid=1, waiting="holding")
-    monkeypatch.setattr(trainer_restart, "job_alive", lambda state: True)
+    monkeypatch.setattr(_job_start, "job_alive", lambda state: True)
     clock = Clock()
-    with pytest.raises(SystemExit) as end:
-        trainer_restart.wait(FakeModule(state_path=path, job_id="j1", wait_s=1), clock=clock, sleep=clock.sleep)
-    assert end.value.args[0] == dict(changed=False, finished=False, phase="proving, holding", failed=False,
-                                     job=trainer_restart.outcome_words(json.load(open(path))))
-    assert clock.slept == [0.25] * 4
+    ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=1), clock=clock, sleep=clock.sleep)
+    assert ok and fields == dict(changed=False, finished=False, phase="proving, holding",
+                                 job=outcome_words(json.load(open(path))))
+    assert sum(clock.slept) == pytest.approx(1.0) and max(clock.slept) == pytest.approx(0.1)  # a look every 0.1 s
 
     def finish(_t):
         job_state(path, job_id="j1", phase="done", done=True, result={"ok": True, "msg": "proved"})
     clock.on_sleep = finish
-    with pytest.raises(SystemExit) as end:
-        trainer_restart.wait(FakeModule(state_path=path, job_id="j1", wait_s=30), clock=clock, sleep=clock.sleep)
-    assert end.value.args[0]["finished"] and not end.value.args[0]["failed"]
+    ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=30), clock=clock, sleep=clock.sleep)
+    assert ok and fields["finished"]
 
     job_state(path, job_id="j1", phase="stopping", pid=1)
-    monkeypatch.setattr(trainer_restart, "job_alive", lambda state: False)
-    with pytest.raises(SystemExit) as end:
-        trainer_restart.wait(FakeModule(state_path=path, job_id="j1", wait_s=30), clock=clock, sleep=clock.sleep)
-    assert end.value.args[0]["msg"] == "restart job j1 died in phase stopping without an outcome (state %s)" % path
+    monkeypatch.setattr(_job_start, "job_alive", lambda state: False)
+    ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=30), clock=clock, sleep=clock.sleep)
+    assert not ok and fields["msg"] == "restart job j1 died in phase stopping without an outcome (state %s)" % path
 
 
 def test_status_waits_for_an_interrupted_plays_job_then_says_what_it_did(tmp_path, monkeypatch):
