@@ -149,6 +149,11 @@ options:
     description: With O(job), the unit's environment for the job's pre-flight, JSON (a secret, never logged).
     type: str
     default: "{}"
+  node_view_first:
+    description: The run reads the node's view of the GPUs before the stop (the role's C(trainer_gpu_host_view)) - the
+      plan's job is then started by the call after that read, never in this one, even with O(job).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -303,6 +308,7 @@ def main():
             checks=dict(type="dict"),
             job=dict(type="dict"),
             environment_json=dict(type="str", default="{}", no_log=True),
+            node_view_first=dict(type="bool", default=False),
             lock=dict(type="dict", options=dict(
                 path=dict(type="path", required=True),
                 token=dict(type="str", required=True, no_log=False),
@@ -344,7 +350,7 @@ def main():
             freed = release(p["lock"]["path"], p["lock"]["token"])
             taken["released"] = bool(freed.ok)
             result["lock_holder"] = "nobody" if freed.ok else "play"
-        elif p["job"] and plan["restart"] and not plan["upload"] and not p["intent"]["hold"]:
+        elif p["job"] and plan["restart"] and not (plan["upload"] or p["intent"]["hold"] or p["node_view_first"]):
             # a restart of what is on the target: its job starts here (one remote call); the lock is the job's
             result["job_start"] = start_planned(module, plan, p["job"], p["trainer_root"], p, run)
             result["lock_holder"] = result["job_start"].get("lock_holder", "unknown")
