@@ -67,3 +67,13 @@ def test_job_params_take_the_plan_and_the_defaults():
 def test_a_wrong_job_setting_starts_nothing_and_says_which(job, words):
     out = js.start_planned(None, _plan(), job, "/opt/t", {}, None)
     assert out["failed"] and out["not_started"] and out["lock_holder"] == "play" and words in out["msg"]
+
+
+def test_the_job_settings_are_known_before_the_first_read():
+    """trainer_begin's `job` is templated before the read, the plan and the node's view exist: nothing in it (or
+    in the pre-flight settings it names) may read them."""
+    with open(os.path.join(ROLE, "vars", "main.yml")) as fh:
+        role_vars = yaml.safe_load(fh)
+    text = yaml.safe_dump([role_vars["__trainer_job_args"], role_vars["__trainer_preflight_settings"]])
+    for later in ("__trainer_node", "__trainer_plan", "__trainer_status_before", "__trainer_release"):
+        assert later not in text, later
