@@ -70,6 +70,7 @@ class Collection:
     validate: Any
     throughput: Any
     systemd: Any
+    target_checks: Any
 
 
 def collection_root(environ=None) -> str:
@@ -97,7 +98,7 @@ def load_collection(root: Optional[str] = None) -> Collection:
         sys.path.insert(0, base)
     prefix = "ansible_collections.dflash.trainer.plugins.module_utils."
     mods = [importlib.import_module(prefix + name)
-            for name in ("_trainer_log", "_readiness", "_validate", "_throughput", "_systemd")]
+            for name in ("_trainer_log", "_readiness", "_validate", "_throughput", "_systemd", "_target_checks")]
     return Collection(root, *mods)
 
 
@@ -136,7 +137,7 @@ def settings(coll: Collection, variables: dict) -> tuple[dict, dict]:
         opts = coll.readiness.proof_options(judged)
     except ValueError as e:
         raise BadInput(str(e)) from None
-    opts["gpus"] = coll.validate.gpu_indexes(variables["trainer_gpus"])
+    opts["gpus"] = coll.target_checks.gpu_indexes(variables["trainer_gpus"])
     measure_s = variables["trainer_measure_s"]
     opts["measure_s"] = float(measure_s) if measure_s not in (None, "", 0, "0") else None
     opts["measure_regexes"] = dict(variables["trainer_measure_regexes"] or {})

@@ -14,13 +14,10 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.dflash.trainer.plugins.module_utils._config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import managed
-from ansible_collections.dflash.trainer.plugins.module_utils._validate import (
-    check,
-    message,
-    src_problems,
-    target_problems,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import message, target_problems
+from ansible_collections.dflash.trainer.plugins.module_utils._validate import check, src_problems
 
 
 def describe_source(src):
@@ -73,7 +70,7 @@ class ActionModule(ActionBase):
                 problems.extend(src_problems(variables.get("trainer_src"),
                                              variables.get("trainer_release_excludes") or ()))
             if args.get("gpus") is not None or args.get("unit") is not None:
-                unit_path = "/etc/systemd/system/%s.service" % variables.get("trainer_unit_name")
+                unit_path = unit_path_of(variables.get("trainer_unit_name"))
                 problems.extend(target_problems(variables, args.get("gpus"), args.get("unit"), unit_path))
         except (AnsibleError, ValueError) as exc:
             result.update(failed=True, msg="input check failed: %s" % to_native(exc))
@@ -82,7 +79,7 @@ class ActionModule(ActionBase):
             result["source"] = describe_source(variables.get("trainer_src"))
         if entry != "status" and not problems:
             # what a run writes or deletes on the target: judged there by the first read (trainer_status)
-            unit_path = "/etc/systemd/system/%s.service" % variables.get("trainer_unit_name")
+            unit_path = unit_path_of(variables.get("trainer_unit_name"))
             result["owned"] = [dict(variable=var, kind=kind, path=path) for var, kind, path in managed(variables, unit_path)]
         result["problems"] = [str(p) for p in problems]
         result["changed"] = False

@@ -31,7 +31,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
     start,
     stop,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._config_id import job_config_id
+from ansible_collections.dflash.trainer.plugins.module_utils._config_id import job_config_id, unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import CacheRefused, purge
 from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     ProvedConfig,
@@ -206,9 +206,9 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
     step or a crash in the cycle: there is always an outcome and a free lock."""
     pid = os.getpid() if pid is None else pid
     # the configuration proved with the last good release, kept beside it and restored with it
-    config = ProvedConfig(p["root"], config_files(p, unit_path=p.get("unit_path") or "/etc/systemd/system/%s.service"
-                                                  % p["unit"], launcher_path=p.get("launcher_path"),
-                                                  env_path=p["env_file"]), Runner(60), systemctl)
+    config = ProvedConfig(p["root"], config_files(p, unit_path=p.get("unit_path") or unit_path_of(p["unit"]),
+                                                  launcher_path=p.get("launcher_path"), env_path=p["env_file"]),
+                          Runner(60), systemctl)
     secrets = sorted(set(read_secrets(p["env_file"])) | set(config.secrets()), key=lambda v: (-len(v), v))
     record = JobRecord(p, pid, secrets)
     record.save()

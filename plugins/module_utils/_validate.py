@@ -10,8 +10,8 @@ of them at once. The argument spec catches wrong types; this catches values that
 and still dangerous or meaningless: a cache "purge" of the release root, a unit file written as
 ``ssh.service`` or ``../x.service``, a stall window longer than the hold, a regex that matches
 every line. Checks that need the target (a unit of that name that is not ours, GPUs the host
-lacks, a minimum above a GPU's memory) are in ``target_problems`` (``_target_checks``, re-exported
-here) and run on what the first status read returned, still before any change.
+lacks, a minimum above a GPU's memory) are in ``_target_checks.target_problems`` (a module on the
+target imports it without this file) and run on what the first read returned, still before any change.
 """
 
 from __future__ import annotations
@@ -29,26 +29,12 @@ import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.dflash.trainer.plugins.module_utils._config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import placement_problem, within
-from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import (
-    UNIT_ACCEPTED,
-    UNIT_MARK,
-    Problem,
-    _is_int,
-    _number,
-    _show,
-    gpu_indexes,
-    message,
-    target_problems,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import UNIT_ACCEPTED, Problem, _is_int, _number, _show
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
 
 ENTRIES = ("main", "restart", "rollback", "status")
-
-# The checks on what the first read of the target returned (target_problems, the Problem they
-# answer and the message that words them) live in _target_checks, which a module on the target
-# imports without this file; they are re-exported here for the callers of _validate.
-REEXPORTED = (Problem, message, target_problems, gpu_indexes, UNIT_MARK, UNIT_ACCEPTED, _number, _is_int, _show)
 
 # Characters a path may hold: it reaches a unit file, an EnvironmentFile and argv lists; a space,
 # a quote, `;`, `$`, `%` (a systemd specifier) or a control character is always a typo here.
@@ -779,7 +765,7 @@ def _placement_problems(v):
             problems.append(Problem(name, why, _place_example(name), value))
     unit = v.get("trainer_unit_name")
     if isinstance(unit, str) and unit_name_problem(unit) is None:
-        unit_path = "/etc/systemd/system/%s.service" % unit
+        unit_path = unit_path_of(unit)
         for name, _kind in kinds:
             if v.get(name) == unit_path:
                 problems.append(Problem(name, "is the unit file %s" % unit_path, "a file of its own", v.get(name)))
@@ -866,7 +852,7 @@ def _progress_problems(v):
         written.append(("trainer_lock_path (its guard)", lock + ".guard"))
     unit = v.get("trainer_unit_name")
     if isinstance(unit, str) and unit:
-        written.append(("trainer_unit_name (its unit file)", "/etc/systemd/system/%s.service" % unit))
+        written.append(("trainer_unit_name (its unit file)", unit_path_of(unit)))
     for other, path in written:
         if path == value:
             return [Problem(name, "is the same file as %s, which the collection writes" % other, PROGRESS_ACCEPTED,

@@ -230,6 +230,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._begin import (
     ownership_problems,
     refusal_message,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     ENV_CONTENT_OPTION,
     INSTALL_SUBOPTIONS,
@@ -339,7 +340,7 @@ def main():
             result["diff"] = diff
     plan = result["plan"] = make_plan(p["intent"], result, result.get("install"), settings=p["settings"])
     problems = [str(x) for x in target_problems(p["checks"], result.get("gpus") or [], result,
-                                                "/etc/systemd/system/%s.service" % p["unit"])] if p["checks"] else []
+                                                unit_path_of(p["unit"]))] if p["checks"] else []
     if problems:  # before any change, the lock freed: the read refutes an input
         plan["refused"] = message(problems)
         result["problems"] = problems

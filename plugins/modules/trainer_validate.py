@@ -62,7 +62,8 @@ problems:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._validate import check, message, target_problems
+from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import message, target_problems
+from ansible_collections.dflash.trainer.plugins.module_utils._validate import check
 
 
 def main():

@@ -156,7 +156,7 @@ def test_a_new_setting_reaches_the_role_the_module_the_judge_and_check_log(fake_
     assert rd.expectations("inv", 0, params).fake_s == 2.5
     # check-log: its table is the collection's
     check_log = importlib.import_module("dflash_trainer.check_log")
-    coll = check_log.Collection(ROOT, None, rd, None, None, None)
+    coll = check_log.Collection(ROOT, None, rd, None, None, None, None)
     assert ("fake_s", "trainer_ready_fake_s") in check_log.proof_variables(coll)
 
 

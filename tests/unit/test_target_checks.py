@@ -78,10 +78,23 @@ def test_message_and_numbers():
         "x: is bad (value not shown: it is a secret); accepted: good")
 
 
-def test_validate_re_exports_the_same_objects():
-    for name in ("Problem", "message", "target_problems", "gpu_indexes", "UNIT_MARK", "UNIT_ACCEPTED", "_number",
-                 "_is_int", "_show"):
+def test_validate_words_its_problems_with_the_same_objects():
+    for name in ("Problem", "UNIT_ACCEPTED", "_number", "_is_int", "_show"):
         assert getattr(_validate, name) is getattr(t, name), name
+
+
+def test_the_target_checks_are_imported_from_their_owner():
+    """The controller's callers import them from _target_checks, as trainer_begin does; _validate does not
+    pass them on."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(SOURCE)))
+    for path in ("plugins/action/trainer_validate.py", "plugins/modules/trainer_validate.py",
+                 "plugins/modules/trainer_begin.py"):
+        with open(os.path.join(root, path)) as fh:
+            tree = ast.parse(fh.read(), path)
+        owners = {a.name: node.module.rsplit(".", 1)[-1] for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module for a in node.names}
+        assert owners.get("target_problems") == "_target_checks" and owners.get("message") == "_target_checks", path
+    assert not hasattr(_validate, "target_problems") and not hasattr(_validate, "message")
 
 
 def test_imports_nothing_of_the_collection():

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _validate as v
+from ansible_collections.dflash.trainer.plugins.module_utils import _target_checks as tc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -185,24 +186,24 @@ def test_target_checks():
     ours = {"load_state": "loaded", "fragment_path": "/etc/systemd/system/dflash-trainer.service",
             "description": "DFlash trainer (dflash-trainer), managed by dflash.trainer"}
     path = "/etc/systemd/system/dflash-trainer.service"
-    assert v.target_problems(d, gpus, ours, path) == []
-    assert v.target_problems(d, gpus, {"load_state": "not-found"}, path) == []
+    assert tc.target_problems(d, gpus, ours, path) == []
+    assert tc.target_problems(d, gpus, {"load_state": "not-found"}, path) == []
     foreign = {"load_state": "loaded", "fragment_path": "/lib/systemd/system/ssh.service",
                "description": "OpenBSD Secure Shell server"}
-    got = [str(p) for p in v.target_problems(dict(d, trainer_unit_name="ssh"), gpus, foreign, "/etc/systemd/system/ssh.service")]
+    got = [str(p) for p in tc.target_problems(dict(d, trainer_unit_name="ssh"), gpus, foreign, "/etc/systemd/system/ssh.service")]
     assert got[0].startswith("trainer_unit_name:") and "did not write" in got[0] and "ssh.service" in got[0]
-    got = [str(p) for p in v.target_problems(dict(d, trainer_gpus=[0, 8, 9]), gpus, ours, path)]
+    got = [str(p) for p in tc.target_problems(dict(d, trainer_gpus=[0, 8, 9]), gpus, ours, path)]
     assert got[0].startswith("trainer_gpus:") and "GPU 8, 9" in got[0] and "0, 1, 2" in got[0]
-    got = [str(p) for p in v.target_problems(dict(d, trainer_gpu_min_mib=200000), gpus, ours, path)]
+    got = [str(p) for p in tc.target_problems(dict(d, trainer_gpu_min_mib=200000), gpus, ours, path)]
     assert got[0].startswith("trainer_gpu_min_mib:") and "GPU 0 (143771 MiB)" in got[0]
-    got = [str(p) for p in v.target_problems(d, None, dict(ours, gpu_error="nvidia-smi hung"), path)]
+    got = [str(p) for p in tc.target_problems(d, None, dict(ours, gpu_error="nvidia-smi hung"), path)]
     assert got[0].startswith("trainer_nvidia_smi:") and "hung" in got[0]
 
 
 def test_message_lists_every_problem():
     d = defaults()
     d.update(trainer_unit_name="a/b", trainer_release_keep=0)
-    msg = v.message(v.check(d))
+    msg = tc.message(v.check(d))
     assert msg.startswith("refused before any change on the target (2 problems):")
     assert "- trainer_unit_name:" in msg and "- trainer_release_keep:" in msg
 
