@@ -161,6 +161,10 @@ ASIDE_STEMS = ("load", "download", "fetch", "map", "shard", "checkpoint", "sav",
                "sanity", "test", "predict", "infer", "tokeniz", "preprocess", "filter", "generat",
                "convert", "compil", "extract", "upload", "split", "resolv")
 _WORD_RE = re.compile(r"[A-Za-z]+")
+# a word beginning with a stem (is_aside_word), and such a word anywhere in a text (names_aside): the
+# stems are letters, so a stem not preceded by a letter begins a word of _WORD_RE
+_ASIDE_RE = re.compile("(?:%s)" % "|".join(ASIDE_STEMS), re.I | re.A)
+_ASIDE_IN_RE = re.compile("(?<![A-Za-z])(?:%s)" % "|".join(ASIDE_STEMS), re.I | re.A)
 _PREFIX_CHARS = 120   # how far before a counter its name (a tqdm description) is looked for
 _STEP_FORM_WORDS = 3  # the words right before "step N" that can name it aside ("validate step: 2")
 
@@ -186,8 +190,13 @@ def strip_ansi(line):
 
 
 def is_aside_word(word):
-    word = word.lower()
-    return any(word.startswith(stem) for stem in ASIDE_STEMS)
+    return _ASIDE_RE.match(word) is not None
+
+
+def names_aside(text):
+    """True when a word of ``text`` (a run of ASCII letters) begins with an aside stem: one regex
+    search, not a test of each word (a status reads hundreds of lines)."""
+    return _ASIDE_IN_RE.search(text) is not None
 
 
 def _bounded_append(values, value):
@@ -223,7 +232,7 @@ def counter_identity(match, total):
         aside = any(is_aside_word(w) for w in own + before[-_STEP_FORM_WORDS:])
     else:
         words = tuple(w.lower() for w in before[-8:])
-        aside = any(is_aside_word(w) for w in before)
+        aside = names_aside(line[max(0, start - _PREFIX_CHARS):start])
     return words, total, aside
 
 
@@ -232,7 +241,7 @@ def looks_like_progress(line):
     iteration, step, epoch ...) and a number, that does not name a loading or evaluation counter."""
     if not _DIGIT_RE.search(line) or not PROGRESS_LIKE_RE.search(line):
         return False
-    return not any(is_aside_word(w) for w in _WORD_RE.findall(line[:_PREFIX_CHARS]))
+    return not names_aside(line[:_PREFIX_CHARS])
 
 
 class _Series(object):

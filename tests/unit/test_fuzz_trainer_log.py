@@ -210,3 +210,16 @@ def test_a_10_mib_line_is_analysed_in_linear_time(name, line):
     assert time.monotonic() - start < 20.0, name
     a = follower.analysis
     assert a.line_count == 2 and len(a.lines[0]) == len(tl.strip_ansi(line)) and a.last_step == 7 and a.tok_s == 2.5
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=st.sampled_from(list("loadvalEVALsavTesting_ -:0129é\u0130K\u212a")), max_size=60)
+       | st.lists(st.sampled_from(tl.ASIDE_STEMS + ("Loading", "step", "latest", "xload", "Valid")),
+                  max_size=6).map(" ".join))
+def test_names_aside_is_the_word_by_word_judge(text):
+    """One regex search over a text says what testing each of its words did: a word (a run of ASCII
+    letters) that begins with an aside stem, in any case."""
+    by_word = any(w.lower().startswith(stem) for w in re.findall(r"[A-Za-z]+", text) for stem in tl.ASIDE_STEMS)
+    assert tl.names_aside(text) is by_word
+    assert [tl.is_aside_word(w) for w in re.findall(r"[A-Za-z]+", text)] == [
+        any(w.lower().startswith(stem) for stem in tl.ASIDE_STEMS) for w in re.findall(r"[A-Za-z]+", text)]
