@@ -76,3 +76,33 @@ def job_over(job_id):
             return done(state)
         return waiting("restart job %s to end" % job_id)
     return judge
+
+
+# ---------------------------------------------------------------------------------------------
+# what the run reports right after the read (RV(report), RV(untouched_words))
+
+def last_job_words(result):
+    """What the last restart job did, in words (the one this run waited for, else the one on
+    record); None when there is none."""
+    attached = (result.get("lock") or {}).get("attached")
+    job = result.get("last_job")
+    return attached or (job or {}).get("words") or None
+
+
+def untouched_words(unit, plan, result):
+    """The report of a run that leaves the trainer running (its plan restarts nothing); None when
+    the plan restarts."""
+    if plan.get("restart"):
+        return None
+    up = result.get("seconds_since_start")
+    return "%s left running: release %s unchanged, pid %s, up %s s" % (
+        unit, plan.get("release"), result.get("main_pid"), "?" if up is None else up)
+
+
+def read_report(entry, plan, result, unit):
+    """The lines the run shows right after its first read: what the last restart job did, and, for a
+    deploy that changes nothing (it ends here), that the trainer is left running - one report."""
+    lines = [last_job_words(result)]
+    if entry == "deploy" and plan.get("no_op"):
+        lines.append(untouched_words(unit, plan, result))
+    return [line for line in lines if line]

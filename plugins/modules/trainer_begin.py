@@ -212,6 +212,17 @@ job_start:
       V(failed).
   returned: when the call started the plan's job
   type: dict
+report:
+  description: What the run shows right after this call - what the last restart job did (the one this call waited for,
+    V(attached) of RV(lock), else the one on record) and, for a deploy whose plan changes nothing, RV(untouched_words).
+  returned: success
+  type: list
+  elements: str
+untouched_words:
+  description: The report of a plan that leaves the trainer running (no restart) - its unit, release, main PID and uptime;
+    V(null) when the plan restarts.
+  returned: success
+  type: str
 current_release:
   description: The release C(current) points at; every field M(dflash.trainer.trainer_status) returns is returned too.
   returned: when O(trainer_root) is given
@@ -228,7 +239,9 @@ from ansible_collections.dflash.trainer.plugins.module_utils._begin import (
     lock_refusal,
     lock_taken,
     ownership_problems,
+    read_report,
     refusal_message,
+    untouched_words,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils._install import (
@@ -356,6 +369,8 @@ def main():
             result["job_start"] = start_planned(module, plan, p["job"], p["trainer_root"], p, run)
             result["lock_holder"] = result["job_start"].get("lock_holder", "unknown")
             result["changed"] = bool(result["job_start"].get("started"))
+    result.update(report=read_report(p["intent"]["entry"], plan, result, p["unit"]),
+                  untouched_words=untouched_words(p["unit"], plan, result))
     result = mask(result, read_secrets(p["env_file"]))
     if plan["refused"]:
         module.fail_json(msg=plan["refused"], **result)

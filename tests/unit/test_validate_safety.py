@@ -66,9 +66,20 @@ def test_min_steps_at_least_one(value, ok):
 
 
 def test_the_default_regexes_are_not_slow():
+    """What lets the checks skip timing them (PROVED_LINEAR): every one of the collection's own regexes."""
     items = [("ready", DEFAULT_READY_REGEX), ("step", DEFAULT_STEP_REGEX), ("tokps", DEFAULT_TOKPS_REGEX)]
     items += [("error%d" % i, rx) for i, rx in enumerate(DEFAULT_ERROR_REGEXES)]
     assert v.slow_regexes(items) == {}
+    assert {rx for _label, rx in items} == v.PROVED_LINEAR
+
+
+def test_only_regexes_the_user_set_are_timed(monkeypatch):
+    timed = []
+    monkeypatch.setattr(v, "slow_regexes", lambda items: timed.extend(items) or {})
+    assert problems() == []
+    assert timed == []  # the defaults: no timing child
+    assert problems(trainer_step_regex=r"iter (\d+)") == []
+    assert timed == [("trainer_step_regex", r"iter (\d+)")]
 
 
 @pytest.mark.parametrize("var", ["trainer_step_regex", "trainer_tokps_regex", "trainer_ready_regex"])
