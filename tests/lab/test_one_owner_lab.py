@@ -69,10 +69,13 @@ def unit(lab, ct, prop):
 def test_a_preflight_longer_than_the_lease_keeps_the_lock(lab, inv):
     inv_path, base = inv
     lease = 10
+    # the pre-flight lasts until the test opens its gate (B refused and checked): never sized to this machine
+    gate = "/run/dflash-test-preflight-gate"
+    lab.ct(CT, "rm", "-f", gate)
     a = play(inv_path, base, "a", "slow-preflight", {
-        "trainer_force_restart": True, "trainer_lock_lease_s": lease,
-        "trainer_preflight_command": ["sh", "-c", "sleep %d" % (lease + 6)]})
-    assert wait_for(lambda: lab.ct(CT, "pgrep", "-f", "sleep %d" % (lease + 6)).returncode == 0, timeout=60)
+        "trainer_force_restart": True, "trainer_lock_lease_s": lease, "trainer_preflight_timeout_s": 300,
+        "trainer_preflight_command": ["sh", "-c", "until [ -e %s ]; do sleep 0.1; done" % gate]})
+    assert wait_for(lambda: lab.ct(CT, "pgrep", "-f", "until \\[ -e %s" % gate).returncode == 0, timeout=60)
     # past the lease the play took with the lock: only the pre-flight's renewals keep it, unexpired throughout
     assert holds(lambda: (lease_end(lab, CT) or 0) > time.time(), lease + 2, interval=0.5), lease_end(lab, CT)
     pid_before = unit(lab, CT, "MainPID")
@@ -80,7 +83,9 @@ def test_a_preflight_longer_than_the_lease_keeps_the_lock(lab, inv):
     out_b = b.communicate(timeout=300)[0]
     assert b.returncode != 0 and "another deploy holds" in out_b, out_b[-3000:]
     assert unit(lab, CT, "MainPID") == pid_before  # B stopped nothing
+    lab.ct(CT, "touch", gate)
     out_a = a.communicate(timeout=300)[0]
+    lab.ct(CT, "rm", "-f", gate)
     assert a.returncode == 0, out_a[-3000:]
     assert "ready: release" in out_a and unit(lab, CT, "MainPID") != pid_before  # A restarted, alone
 
