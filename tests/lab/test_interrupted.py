@@ -36,14 +36,18 @@ def inv(lab, tmp_path_factory):
                    check=True, stdout=subprocess.DEVNULL)
     base = tmp_path_factory.mktemp("interrupted")
     # this file's own ssh master (short: a socket path), so cutting its connection cuts no other test's
-    conn = dict(lab.conn_vars(), ansible_control_path_dir=tempfile.mkdtemp(prefix="cp", dir="/tmp"))
+    cp_dir = tempfile.mkdtemp(prefix="cp", dir="/tmp")
+    conn = dict(lab.conn_vars(), ansible_control_path_dir=cp_dir)
     path = base / "hosts.json"
     path.write_text(json.dumps({"all": {"hosts": {"ir": {"proxmox_vmid": int(CT)}}, "vars": conn}}))
     # memory of a stopped trainer lingers 3 s: the drain phase lasts long enough to be interrupted
     lab.ct(CT, "python3", "-m", "fakegpu", "config", "--release-delay", "3")
     res = run(str(path), tree(base, "v0"))
     assert res.returncode == 0, res.stdout[-3000:]
-    return str(path), base
+    yield str(path), base
+    # the ssh masters under cp_dir exit with their sockets (ControlPersist), the directory goes with them
+    subprocess.run(["pkill", "-f", "^ssh: %s/" % cp_dir], check=False)
+    shutil.rmtree(cp_dir, ignore_errors=True)
 
 
 def argv(inv_path, src, extra=None):
