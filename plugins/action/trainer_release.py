@@ -47,6 +47,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_scan impor
     scan_tree,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._release_cache import HashCache
+from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 
 display = Display()
 
@@ -65,7 +66,7 @@ PIPE_SIZE = 1024 * 1024
 _PROTOCOL_KEYS = ("needs_archive", "have", "base_manifest")
 
 
-class ActionModule(ActionBase):
+class ActionModule(KeptPayload, ActionBase):
 
     # The remote tmp dir is only needed to upload an archive; it is made lazily (_make_tmp_path)
     # then, so that a no-op release is a single pipelined module run.

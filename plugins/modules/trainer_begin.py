@@ -250,7 +250,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import (
     InstallError,
     install_all,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._job_start import start_planned
 from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
 from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, job_wait_s, lock_holder, make_plan
@@ -285,6 +284,15 @@ def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep
     out = poll_until(lambda: observe_job(state_path, alive=job_alive), job_over(job.get("job_id")), wait_s, 0.5,
                      clock=clock, sleep=sleep, first=(job, True))
     return "waited for %s" % outcome_words(out.snapshot[0])
+
+
+def start_job(module, plan, p, run):
+    """Start the plan's restart job in this call -> RV(job_start). The job's code (a third of the payload's
+    Python) is imported only here: the target compiles it on every call (the payload is a zip, no bytecode
+    cache), and most first reads start no job."""
+    from ansible_collections.dflash.trainer.plugins.module_utils._job_start import start_planned  # pylint: disable=import-outside-toplevel
+
+    return start_planned(module, plan, p["job"], p["trainer_root"], p, run)
 
 
 def compare_install(module, run, systemctl):
@@ -366,7 +374,7 @@ def main():
             result["lock_holder"] = "nobody" if freed.ok else "play"
         elif p["job"] and plan["restart"] and not (plan["upload"] or p["intent"]["hold"] or p["node_view_first"]):
             # a restart of what is on the target: its job starts here (one remote call); the lock is the job's
-            result["job_start"] = start_planned(module, plan, p["job"], p["trainer_root"], p, run)
+            result["job_start"] = start_job(module, plan, p, run)
             result["lock_holder"] = result["job_start"].get("lock_holder", "unknown")
             result["changed"] = bool(result["job_start"].get("started"))
     result.update(report=read_report(p["intent"]["entry"], plan, result, p["unit"]),

@@ -1,0 +1,161 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A module's AnsiballZ payload, built once and kept between runs (controller side).
+
+Before a task runs one of this collection's modules, Ansible builds its payload: it parses the
+module and every module_util it imports, file by file, to find what to ship, and zips them. It keeps
+the result in ``ansiballz_cache`` under its local tmp of *this* run, which it removes when
+ansible-playbook exits: every run builds every module again. For the first read of a deploy
+(trainer_begin, about 36 files) that build is about a third of the task, and it is the same bytes in
+every run until the collection, ansible-core or Python changes. No well-kept library keeps it for a
+collection (Mitogen keeps modules between tasks, but replaces Ansible's execution model): this file
+does, in the fewest moves.
+
+- :func:`payload_key` - the key of a payload: ansible-core's version and location, Python's version,
+  the module's compression, the module file and every file under the collection's module_utils.
+  Anything the build reads from this collection changes it; a stale payload is never used.
+- :func:`store_dir` - the store: ``dflash-trainer-payloads/<module>/<key>`` beside the run's local tmp
+  (``~/.ansible/tmp`` by default), used only when every directory of it belongs to this user and
+  no one else may write it (the payload is a pickle that Ansible loads).
+- :func:`restore` / :func:`keep` - before the build, the stored payload is copied where Ansible looks
+  first (its run's cache: it then uses it as its own); after it, the built one is stored (older keys of
+  the module removed). Any error leaves Ansible to build as usual: the cache only ever saves time.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import sys
+import tempfile
+
+STORE_NAME = "dflash-trainer-payloads"
+_TEMP = ".part-"
+
+
+def payload_key(module_path, utils_dir, runtime):
+    """sha256 (hex) of what a module's payload is built from: ``runtime`` (strings: ansible-core's
+    version and path, Python's version, the compression), the module file and every file under
+    ``utils_dir`` (its relative name and bytes, in name order)."""
+    h = hashlib.sha256()
+    for part in runtime:
+        h.update(b"r\0" + str(part).encode() + b"\0")
+    with open(module_path, "rb") as fh:
+        h.update(b"m\0" + fh.read() + b"\0")
+    names = []
+    for top, dirs, files in os.walk(utils_dir):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        names.extend(os.path.join(top, f) for f in files if f.endswith(".py"))
+    for path in sorted(names):
+        with open(path, "rb") as fh:
+            h.update(b"u\0" + os.path.relpath(path, utils_dir).encode() + b"\0" + fh.read() + b"\0")
+    return h.hexdigest()
+
+
+def runtime_of(compression):
+    """The runtime part of a payload's key: ansible-core's version and location, Python's version."""
+    import ansible
+    from ansible.release import __version__
+    return (__version__, os.path.dirname(ansible.__file__), sys.version, compression)
+
+
+def _private(path, uid):
+    """``path`` is a real directory (no link) owned by ``uid`` that no one else may write."""
+    st = os.lstat(path)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
+
+
+def store_dir(local_tmp_parent, module, key, uid=None):
+    """The store's directory of ``module``'s payload ``key``, made (mode 0700) when missing; None when a
+    directory of it is not this user's alone (then nothing is read from it or written to it)."""
+    uid = os.geteuid() if uid is None else uid
+    path = local_tmp_parent
+    for name in (STORE_NAME, module, key):
+        path = os.path.join(path, name)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        if not _private(path, uid):
+            return None
+    return path if _private(local_tmp_parent, uid) else None
+
+
+def _is_payload(name, prefix):
+    return name.startswith(prefix) and not name.endswith(".lock") and not name.endswith("-part") and _TEMP not in name
+
+
+def _copy(src, dest_dir, name, uid):
+    """Copy the regular file ``src`` owned by ``uid`` to ``dest_dir/name`` atomically; False when it is
+    not such a file or ``name`` is there already."""
+    dest = os.path.join(dest_dir, name)
+    st = os.lstat(src)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or os.path.lexists(dest):
+        return False
+    fd, tmp = tempfile.mkstemp(prefix=name + _TEMP, dir=dest_dir)
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as fh:
+            shutil.copyfileobj(fh, out)
+        os.replace(tmp, dest)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
+
+
+def restore(store, run_cache, prefix, uid=None):
+    """Copy the stored payloads whose name starts with ``prefix`` into ``run_cache`` (made when
+    missing) -> their names."""
+    uid = os.geteuid() if uid is None else uid
+    os.makedirs(run_cache, mode=0o700, exist_ok=True)
+    return [n for n in sorted(os.listdir(store))
+            if _is_payload(n, prefix) and _copy(os.path.join(store, n), run_cache, n, uid)]
+
+
+def keep(store, run_cache, prefix, uid=None):
+    """Store the payloads ``run_cache`` holds whose name starts with ``prefix`` (built by this run) and
+    remove the module's other keys beside ``store`` -> the names stored."""
+    uid = os.geteuid() if uid is None else uid
+    kept = [n for n in sorted(os.listdir(run_cache))
+            if _is_payload(n, prefix) and _copy(os.path.join(run_cache, n), store, n, uid)]
+    if kept:
+        module_dir, key = os.path.split(store)
+        for other in os.listdir(module_dir):
+            if other != key:
+                shutil.rmtree(os.path.join(module_dir, other), ignore_errors=True)
+    return kept
+
+
+class KeptPayload:  # pylint: disable=too-few-public-methods
+    """Mixin for an action plugin (before ActionBase in its bases): the payload of this collection's
+    modules is restored from the store before Ansible's build and stored after it."""
+
+    def _configure_module(self, module_name, module_args, task_vars):
+        from ansible import constants as C
+
+        where = None
+        try:
+            found = self._shared_loader_obj.module_loader.find_plugin_with_context(
+                module_name, ".py", collection_list=self._task.collections)
+            if found.resolved and found.plugin_resolved_collection == "dflash.trainer":
+                leaf = found.resolved_fqcn.rsplit(".", 1)[-1]
+                compression = C.config.get_config_value("DEFAULT_MODULE_COMPRESSION", variables=task_vars)
+                path = found.plugin_resolved_path
+                key = payload_key(path, os.path.join(os.path.dirname(os.path.dirname(path)), "module_utils"),
+                                  runtime_of(compression))
+                store = store_dir(os.path.dirname(C.DEFAULT_LOCAL_TMP), leaf, key)
+                if store:
+                    where = (store, os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache"),
+                             "ansible_collections.dflash.trainer.plugins.modules.%s-%s-" % (leaf, compression))
+                    restore(*where)
+        except OSError:
+            where = None
+        built = super()._configure_module(module_name=module_name, module_args=module_args, task_vars=task_vars)
+        if where:
+            try:
+                keep(*where)
+            except OSError:
+                pass
+        return built
