@@ -2,6 +2,9 @@
 play is one assert on its answer: does the run target at least one host, as its plays would see it."""
 
 
+from ansible_collections.dflash.trainer.plugins.plugin_utils._preload import preload_connection
+
+
 def trainer_target_problem(pattern, play_pattern, matched, limit=None, sources=()):
     """Why the run would act on no host ('' when it targets one): ``pattern`` is trainer_target_hosts as a
     task sees it (extra and inventory vars), ``play_pattern`` as a play's ``hosts:`` sees it (extra vars
@@ -20,7 +23,10 @@ def trainer_target_problem(pattern, play_pattern, matched, limit=None, sources=(
 
 def trainer_guard_hosts(targets, others=()):
     """The guard play's hosts: the pattern's hosts (``targets``) first, then every other inventory host
-    (``others``), then localhost, each once - --limit leaves it a host to fail on."""
+    (``others``), then localhost, each once - --limit leaves it a host to fail on. Templated by
+    ansible-playbook itself before any task forks, it also loads the collection's connection plugin there,
+    once for every task's worker (plugins/plugin_utils/_preload.py)."""
+    preload_connection()
     out = []
     for host in list(targets or ()) + list(others or ()) + ["localhost"]:
         if host not in out:
