@@ -199,6 +199,22 @@ def last_ran(results):
     return {}
 
 
+def restart_done(first_read, watch_s=0):
+    """Whether a deploy has nothing left past its first read after a restart: the first read (trainer_begin's
+    result, ``first_read``) started the plan's restart job, the job ended within that call with its proof
+    (``job_start``: finished, its result ok; the job freed the lock) and no watch follows the proof
+    (``watch_s``: trainer_watch_s). A failed or unfinished job, or a watch, leaves the rest to the role."""
+    job = (first_read or {}).get("job_start") if isinstance(first_read, dict) else None
+    if not isinstance(job, dict) or not job.get("started") or not job.get("finished") or job.get("failed"):
+        return False
+    result = job.get("result")
+    try:
+        watch = float(watch_s or 0)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(result, dict) and result.get("ok") is True and watch <= 0
+
+
 def last_lock_holder(results, fallback="play"):
     """Who holds the deploy lock after a run's calls that can hand it over -> play | job | nobody | unknown.
 

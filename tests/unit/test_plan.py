@@ -120,6 +120,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._plan import (  # n
     last_lock_holder,
     last_ran,
     min_tokps_ratio,
+    restart_done,
     watch_retries,
 )
 
@@ -197,3 +198,28 @@ def test_the_jobs_outcome_is_the_latest_call_that_ran():
     assert last_ran([SKIPPED, start]) is start          # the job ended within the call that started it
     assert last_ran([watch, start]) is watch
     assert last_ran([SKIPPED, SKIPPED]) == {} and last_ran([]) == {}
+
+
+# -- a deploy's restart that ended proved within the first read: nothing left past it ------------------------------
+
+def _first_read(**job):
+    base = dict(started=True, finished=True, failed=False, lock_holder="job", result={"ok": True, "proof": {}})
+    base.update(job)
+    return {"plan": {"restart": True}, "job_start": base}
+
+
+@pytest.mark.parametrize("name, first_read, watch_s, want", [
+    ("proved within the read", _first_read(), 0, True),
+    ("proved, watch after it", _first_read(), 30, False),
+    ("proved, watch given as text", _first_read(), "0", True),
+    ("the job still runs (the watch follows)", _first_read(finished=False, result=None), 0, False),
+    ("the job failed (rolled back: the role fails the run)", _first_read(failed=True, result={"ok": False}), 0, False),
+    ("ended, not ok", _first_read(result={"ok": False}), 0, False),
+    ("never started (refused pre-flight)", _first_read(started=False, not_started=True, finished=False), 0, False),
+    ("no job in the read (an upload follows)", {"plan": {"restart": True}}, 0, False),
+    ("the read was skipped", {"skipped": True}, 0, False),
+    ("nothing registered", None, 0, False),
+    ("a watch that is not a number", _first_read(), "soon", False),
+])
+def test_restart_done(name, first_read, watch_s, want):
+    assert restart_done(first_read, watch_s) is want, name
