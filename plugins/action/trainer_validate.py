@@ -18,6 +18,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._config_id import u
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import managed
 from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import message, target_problems
 from ansible_collections.dflash.trainer.plugins.module_utils._validate import check, src_problems
+from ansible_collections.dflash.trainer.plugins.plugin_utils._role_spec import entry_options, spec_failure
 
 
 def describe_source(src):
@@ -43,7 +44,7 @@ _HOST_VARS = ("proxmox_vmid", "ansible_connection", "inventory_hostname", "group
 class ActionModule(ActionBase):
 
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit"))
+    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit", "spec"))
 
     def _play_variables(self, task_vars):
         names = [k for k in task_vars if k.startswith("trainer_")] + [k for k in _HOST_VARS if k in task_vars]
@@ -56,12 +57,25 @@ class ActionModule(ActionBase):
                 raise AnsibleError("%s cannot be templated: %s" % (name, to_native(exc)))
         return out
 
+    def _spec_failure(self, entry, task_vars):
+        """The role's argument spec for ``entry`` over the play's variables (plugin_utils/_role_spec.py)."""
+        role = getattr(self._task, "_role", None)
+        if role is None:
+            raise AnsibleError("spec: true needs a task of the role (its meta/argument_specs.yml)")
+        options = entry_options(role._role_path, entry)
+        provided = self._templar.template({k: task_vars[k] for k in options if k in task_vars})
+        return spec_failure(options, provided)
+
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super(ActionModule, self).run(tmp, task_vars)
         args = self._task.args
         entry = args.get("entry") or "main"
         try:
+            refused = self._spec_failure(entry, task_vars) if args.get("spec") else None
+            if refused:
+                result.update(refused)
+                return result
             variables = args.get("variables")
             if variables is None:
                 variables = self._play_variables(task_vars)

@@ -41,6 +41,14 @@ options:
   unit:
     description: trainer_status's result, to refuse a unit name that belongs to a unit this collection did not write.
     type: dict
+  spec:
+    description:
+      - Check the role's variables against the role's argument spec for O(entry) (C(meta/argument_specs.yml)) first,
+        in this task, as Ansible's own validation task would (the same checks and message) - for a playbook that
+        imports the role with C(rolespec_validate=false), so that the run has one check task instead of two.
+      - Only in a task of the role (the action plugin reads the role's spec); ignored by the module itself.
+    type: bool
+    default: false
 notes:
   - Runs on the controller (action plugin); the module itself runs the same pure checks where it is executed.
 """
@@ -70,6 +78,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             entry=dict(type="str", default="main", choices=["main", "restart", "rollback", "status"]),
+            spec=dict(type="bool", default=False),
             variables=dict(type="dict"),
             gpus=dict(type="list", elements="dict"),
             unit=dict(type="dict"),

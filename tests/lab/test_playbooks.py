@@ -113,20 +113,28 @@ def test_a_second_deploy_is_refused_while_one_runs(lab, hosts, tmp_path):
     ct = CTS[0]
     src = tree(tmp_path, "locked")
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    extra = json.dumps(dict(FAST, trainer_target_hosts="all", trainer_src=src, trainer_force_restart=True))
+    # the first deploy's pre-flight (under its lock) lasts until the test opens a gate: never sized to this machine
+    gate = "/run/dflash-test-second-deploy-gate"
+    lab.ct(ct, "rm", "-f", gate)
+    extra = json.dumps(dict(FAST, trainer_target_hosts="all", trainer_src=src, trainer_force_restart=True,
+                            trainer_preflight_command=["sh", "-c", "until [ -e %s ]; do sleep 0.1; done" % gate]))
     first = subprocess.Popen(["ansible-playbook", "-i", hosts, "deploy.yml", "-l", "pb-" + ct, "-e", extra],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert wait_for(lambda: lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 0,
-                        timeout=60), "the first deploy never took the lock"
+        assert wait_for(lambda: lab.ct(ct, "pgrep", "-f", "until \\[ -e %s" % gate).returncode == 0,
+                        timeout=60), "the first deploy never reached its pre-flight"
+        assert lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 0, "the first holds no lock"
         second = playbook(hosts, "deploy.yml", "pb-" + ct, trainer_src=src)
         assert second.returncode != 0
         assert "another deploy holds /run/dflash-trainer.deploy.lock" in second.stdout
-        # the refused play never touches the lock it did not take (its `always` skips the release)
-        assert lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 0 or first.poll() is not None
+        # the refused play never touches the lock it did not take (its `always` skips the release): the first,
+        # still at its gate, holds it
+        assert lab.ct(ct, "test", "-d", "/run/dflash-trainer.deploy.lock").returncode == 0
+        lab.ct(ct, "touch", gate)
         out, _err = first.communicate(timeout=600)
         assert first.returncode == 0, out[-3000:]
     finally:
+        lab.ct(ct, "touch", gate)
         if first.poll() is None:
             first.kill()
     # released at the end: the next deploy goes through
