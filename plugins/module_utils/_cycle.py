@@ -61,9 +61,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
 # systemctl start waits for the start job: beyond the unit's TimeoutStartSec (90 s by default)
 # something else is stuck (systemd itself, a job queue)
 START_TIMEOUT_S = 120.0
-# the restart job's proof reads this start's log this often between two observations until the hold begins
-# (prove's log_poll_s): a step line is seen within 0.1 s of being written, by reading a file - no command
-LOG_POLL_S = 0.1
 # systemctl stop waits up to the unit's TimeoutStopSec, then SIGKILL; this much more is a hang
 STOP_MARGIN_S = 30.0
 # An error line usually comes a few milliseconds before the process exits: wait this long for the
@@ -251,7 +248,7 @@ def ours(gpus_mib, baseline):
 
 def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_s=1.0,
           clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None, baseline=None,
-          progress_path=None, progress_from=None, log_poll_s=None):
+          progress_path=None, progress_from=None):
     """Poll the unit, the GPUs and this start's log until the Judge says READY (-> the proof's
     details, with ``figures``: tok/s median, p10, p90 and n over the last ``measure_s`` seconds
     (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
@@ -260,10 +257,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     as the trainer's (see ``ours``). ``progress_path``: the trainer's own progress file, read from
     ``progress_from`` (``_progress_file.progress_start``, taken right before the start): progress
     comes from it, the marker, the exit reason and the tail from ``log_path``, errors from both
-    (``_progress_file.ProgressView``). ``log_poll_s``: until the hold begins, the sleep between two
-    observations reads the log (and the progress file) every ``log_poll_s`` and ends at a new step or
-    error line, so the line that completes the proof's conditions is observed when it is written, not up
-    to ``interval_s`` later (the log only: no command runs between observations)."""
+    (``_progress_file.ProgressView``)."""
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
                         error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes)
@@ -345,29 +339,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         return waiting("waiting for: %s (%s s of %s)" % (verdict.reason, fmt_s(elapsed), fmt_s(expect.timeout_s)),
                        wake_at=judge.wake_at)
 
-    def news():
-        """What of the log wakes the proof early: the training counter's steps, the error lines."""
-        seen = analysis()
-        return seen.n_steps, len(seen.errors)
-
-    def nap(seconds):
-        """The waiter's sleep (see ``log_poll_s``); during the hold and the measurement, a plain sleep."""
-        if not log_poll_s or judge.hold_since is not None or found["until"] is not None:
-            sleep(seconds)
-            return
-        before, end = news(), clock() + seconds
-        while clock() < end:
-            sleep(min(log_poll_s, end - clock()))
-            try:
-                reader.poll()
-                if progress is not None:
-                    progress.poll()
-            except (IOError, OSError):
-                return  # the observation that follows says what went wrong
-            if news() != before:
-                return
-
-    out = poll_until(observe, judge_proof, expect.timeout_s, interval_s, clock=clock, sleep=nap,
+    out = poll_until(observe, judge_proof, expect.timeout_s, interval_s, clock=clock, sleep=sleep,
                      on_wait=_ticker(tick))
     if progress is not None:
         progress.close()  # a later poll (the exit's grace below) opens it again where it ended

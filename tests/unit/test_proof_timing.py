@@ -75,30 +75,3 @@ def test_a_hold_end_already_passed_does_not_make_the_waiter_spin():
     assert judge.hold_since == 0.0 and judge.wake_at == 2.0  # the hold's end, before the deadline (60)
     judge.observe(Snapshot(now=2.5, unit=unit, gpus_mib={0: 30000}, log=follower.analysis))  # no rise: not ready
     assert judge.wake_at == 60.0
-
-
-@pytest.mark.parametrize("interval_s", [0.5, 1.0])
-def test_with_log_poll_the_hold_begins_when_the_step_is_written(tmp_path, interval_s):
-    """log_poll_s (the restart job's proof): between observations the log is read every 0.1 s until the hold
-    begins, and a new step ends the sleep - the hold begins within one log poll of the second step (0.55 s), not
-    at the next interval; during the hold the waiter sleeps its interval again (no extra observations)."""
-    trainer = Trainer(tmp_path / "trainer.log")
-    proof = prove(trainer, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer.log"),
-                  _expect(interval_s=interval_s), REGEXES, interval_s=interval_s, clock=trainer.clock,
-                  sleep=trainer.sleep, log_poll_s=0.1)
-    assert proof["step"] >= 2
-    hold_began = trainer.t - 2.0
-    assert 0.55 <= hold_began <= 0.55 + 0.1 + 1e-9
-    # the observation at 0, the one that saw step 1 (0.3 s), the one that saw step 2 and began the hold, then the
-    # hold's own polls at its interval
-    assert trainer.polls == 3 + math.ceil(2.0 / interval_s - 1e-9)
-
-
-def test_with_log_poll_a_log_without_news_costs_no_extra_observation(tmp_path):
-    """No new step or error line: the log polls read the file only, and the next observation comes at the interval."""
-    trainer = Trainer(tmp_path / "trainer.log", first_s=100.0)
-    with pytest.raises(Exception):
-        prove(trainer, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer.log"),
-              _expect(interval_s=0.5, timeout_s=3), REGEXES, interval_s=0.5, clock=trainer.clock,
-              sleep=trainer.sleep, log_poll_s=0.1)
-    assert trainer.polls == 1 + 6  # at 0, then every 0.5 s to the 3 s deadline
