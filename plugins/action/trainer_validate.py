@@ -57,14 +57,14 @@ class ActionModule(ActionBase):
                 raise AnsibleError("%s cannot be templated: %s" % (name, to_native(exc)))
         return out
 
-    def _spec_failure(self, entry, task_vars):
-        """The role's argument spec for ``entry`` over the play's variables (plugin_utils/_role_spec.py)."""
+    def _spec_failure(self, entry, variables):
+        """The role's argument spec for ``entry`` over ``variables`` (the play's, templated once by
+        ``_play_variables``: every option of the spec is a trainer_* variable; plugin_utils/_role_spec.py)."""
         role = getattr(self._task, "_role", None)
         if role is None:
             raise AnsibleError("spec: true needs a task of the role (its meta/argument_specs.yml)")
         options = entry_options(role._role_path, entry)
-        provided = self._templar.template({k: task_vars[k] for k in options if k in task_vars})
-        return spec_failure(options, provided)
+        return spec_failure(options, {k: variables[k] for k in options if k in variables})
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
@@ -72,13 +72,13 @@ class ActionModule(ActionBase):
         args = self._task.args
         entry = args.get("entry") or "main"
         try:
-            refused = self._spec_failure(entry, task_vars) if args.get("spec") else None
-            if refused:
-                result.update(refused)
-                return result
             variables = args.get("variables")
             if variables is None:
                 variables = self._play_variables(task_vars)
+            refused = self._spec_failure(entry, variables) if args.get("spec") else None
+            if refused:
+                result.update(refused)
+                return result
             problems = check(variables, entry)
             if entry == "main" and "trainer_src" in variables:
                 problems.extend(src_problems(variables.get("trainer_src"),

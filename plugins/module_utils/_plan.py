@@ -204,7 +204,7 @@ def restart_done(first_read, watch_s=0):
     result, ``first_read``) started the plan's restart job, the job ended within that call with its proof
     (``job_start``: finished, its result ok; the job freed the lock) and no watch follows the proof
     (``watch_s``: trainer_watch_s). A failed or unfinished job, or a watch, leaves the rest to the role."""
-    job = (first_read or {}).get("job_start") if isinstance(first_read, dict) else None
+    job = first_read.get("job_start") if isinstance(first_read, dict) else None
     if not isinstance(job, dict) or not job.get("started") or not job.get("finished") or job.get("failed"):
         return False
     result = job.get("result")

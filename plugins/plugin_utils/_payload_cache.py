@@ -31,6 +31,10 @@ import stat
 import sys
 import tempfile
 
+import ansible
+from ansible import constants as C
+from ansible.release import __version__ as ANSIBLE_VERSION
+
 STORE_NAME = "dflash-trainer-payloads"
 _TEMP = ".part-"
 
@@ -56,9 +60,7 @@ def payload_key(module_path, utils_dir, runtime):
 
 def runtime_of(compression):
     """The runtime part of a payload's key: ansible-core's version and location, Python's version."""
-    import ansible
-    from ansible.release import __version__
-    return (__version__, os.path.dirname(ansible.__file__), sys.version, compression)
+    return (ANSIBLE_VERSION, os.path.dirname(ansible.__file__), sys.version, compression)
 
 
 def _private(path, uid):
@@ -133,8 +135,6 @@ class KeptPayload:  # pylint: disable=too-few-public-methods
     modules is restored from the store before Ansible's build and stored after it."""
 
     def _configure_module(self, module_name, module_args, task_vars):
-        from ansible import constants as C
-
         where = None
         try:
             found = self._shared_loader_obj.module_loader.find_plugin_with_context(
