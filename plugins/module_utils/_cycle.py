@@ -34,6 +34,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     Judge,
     Snapshot,
     expectations as readiness_expectations,
+    log_missing,
     setting,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
@@ -69,6 +70,9 @@ ERROR_EXIT_GRACE_S = 1.0
 # a log that lost this start's marker gets a continuation marker from the launcher within a
 # second; fail with that reason when none came for this long, instead of waiting for timeout_s
 LOG_LOST_GRACE_S = 5.0
+# the restart job's proof reads this start's log this often between its observations of the unit and the
+# GPUs (every trainer_ready_interval_s): a step, the hold's start and an error line are seen within it
+LOG_POLL_S = 0.1
 
 
 class StepFailed(Exception):
@@ -122,11 +126,14 @@ def drain(run, nvidia_smi, gpus=None, max_mib=1024, consecutive=2, interval_s=0.
     # the judge counts from the wait's start (elapsed seconds: start 0), the deadline is the waiter's
     judge = DrainJudge(max_mib=max_mib, consecutive=consecutive, timeout_s=timeout_s, gpus=gpus, start=0.0,
                        allowance=allowance)
+    began = clock()
 
     def observe():
         try:
-            # the process list only names holders in the failure message; memory decides
-            return read_gpus(run, nvidia_smi)[0]
+            # memory decides; the process list only names the holders in the failure message, so it is read
+            # (a second nvidia-smi call) only by the readings that can end the wait at its deadline
+            last = clock() - began >= timeout_s - interval_s
+            return read_gpus(run, nvidia_smi, processes=last)[0]
         except NvidiaSmiError as exc:
             raise StepFailed(str(exc), samples=judge.samples)
 
@@ -248,7 +255,7 @@ def ours(gpus_mib, baseline):
 
 def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_s=1.0,
           clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None, baseline=None,
-          progress_path=None, progress_from=None):
+          progress_path=None, progress_from=None, log_interval_s=None):
     """Poll the unit, the GPUs and this start's log until the Judge says READY (-> the proof's
     details, with ``figures``: tok/s median, p10, p90 and n over the last ``measure_s`` seconds
     (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
@@ -257,7 +264,10 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     as the trainer's (see ``ours``). ``progress_path``: the trainer's own progress file, read from
     ``progress_from`` (``_progress_file.progress_start``, taken right before the start): progress
     comes from it, the marker, the exit reason and the tail from ``log_path``, errors from both
-    (``_progress_file.ProgressView``)."""
+    (``_progress_file.ProgressView``). ``log_interval_s`` (shorter than ``interval_s``): the log alone is
+    read this often between the observations of the unit and the GPUs, so that the Judge times a step and
+    the hold's start when the log showed them (``Snapshot.step_seen_at``, ``log_ready_at``), and an error
+    line is judged at once; None: the log is read with each observation only."""
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
                         error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes)
@@ -279,17 +289,12 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     extra_s = max(0.0, (measure_s or 0) - expect.hold_s)
     found = {"proof": None, "until": None}  # the proof once READY; the end of the measurement (elapsed)
 
-    def observe():
-        """-> (unit properties, GPUs, why the log cannot prove this start or None)."""
-        # unit first, log last: the log is then at least as fresh as the unit state
-        rc, out, err = call(run, show_cmd)
-        if rc != 0:
-            raise StepFailed("Unable to read unit %s: %s" % (unit, (err or out).strip()))
-        props = parse_show(out)
-        try:
-            gpus, _warnings = read_gpus(run, nvidia_smi, processes=False)
-        except NvidiaSmiError as exc:
-            raise StepFailed(str(exc), reason=str(exc), log_tail=follower.analysis.tail(expect.tail_lines))
+    log_only = bool(log_interval_s) and log_interval_s < interval_s
+    seen = {"observed_at": None, "step": None, "step_at": None, "ready_at": None, "last": None}
+
+    def read_log():
+        """Read this start's log (and progress file) -> elapsed seconds; note when it first showed its
+        highest step and when its conditions first all held."""
         try:
             reader.poll()
         except (IOError, OSError) as exc:
@@ -299,6 +304,35 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
                 progress.poll()
             except (IOError, OSError) as exc:
                 raise StepFailed("Unable to read the progress file %s: %s" % (progress_path, exc))
+        now = clock() - began
+        log = analysis()
+        step = log.max_step if getattr(log, "marker", None) is not None else None
+        if step is not None and (seen["step"] is None or step > seen["step"]):
+            seen.update(step=step, step_at=now)
+        ready = not log_missing(expect, log)
+        seen["ready_at"] = (seen["ready_at"] if seen["ready_at"] is not None else now) if ready else None
+        return now
+
+    def observe():
+        """-> (unit properties, GPUs, why the log cannot prove this start or None); None between the
+        observations (``log_interval_s``): only the log was read, and it shows no error."""
+        if log_only and seen["observed_at"] is not None:
+            now = read_log()
+            last = seen["last"]
+            due = min(seen["observed_at"] + interval_s, last.wake_at if last.wake_at is not None else now)
+            if now < due - 1e-3 and not analysis().errors:
+                return None
+        seen["observed_at"] = clock() - began
+        # unit first, log last: the log is then at least as fresh as the unit state
+        rc, out, err = call(run, show_cmd)
+        if rc != 0:
+            raise StepFailed("Unable to read unit %s: %s" % (unit, (err or out).strip()))
+        props = parse_show(out)
+        try:
+            gpus, _warnings = read_gpus(run, nvidia_smi, processes=False)
+        except NvidiaSmiError as exc:
+            raise StepFailed(str(exc), reason=str(exc), log_tail=follower.analysis.tail(expect.tail_lines))
+        read_log()
         if not is_running(props):
             follower.finish()  # the process is gone: a last line without newline is final
             if progress is not None:
@@ -310,9 +344,16 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
 
     def snapshot(props, gpus, elapsed):
         return Snapshot(now=elapsed, unit=props, gpus_mib=ours(memory_by_index(gpus), baseline),
-                        log=analysis())
+                        log=analysis(), step_seen_at=seen["step_at"], log_ready_at=seen["ready_at"])
 
     def judge_proof(observed, elapsed):
+        if observed is None:  # only the log was read: the last observation's verdict stands
+            last = seen["last"]
+            return waiting(last.words, wake_at=last.wake_at, deadline=last.deadline)
+        seen["last"] = verdict = judge_observation(observed, elapsed)
+        return verdict
+
+    def judge_observation(observed, elapsed):
         props, gpus, lost = observed
         verdict = judge.observe(snapshot(props, gpus, elapsed))
         marks.append((elapsed, _counts(analysis())))
@@ -339,8 +380,9 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         return waiting("waiting for: %s (%s s of %s)" % (verdict.reason, fmt_s(elapsed), fmt_s(expect.timeout_s)),
                        wake_at=judge.wake_at)
 
-    out = poll_until(observe, judge_proof, expect.timeout_s, interval_s, clock=clock, sleep=sleep,
-                     on_wait=_ticker(tick))
+    began = clock()
+    out = poll_until(observe, judge_proof, expect.timeout_s, log_interval_s if log_only else interval_s, clock=clock,
+                     sleep=sleep, on_wait=_ticker(tick))
     if progress is not None:
         progress.close()  # a later poll (the exit's grace below) opens it again where it ended
     if out.state == WAIT_DONE:

@@ -40,6 +40,10 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps impo
 from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import enable_unit, run_stop
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
 
+# how often a watch reads the job's state file (a small JSON file and /proc/<pid>/stat): the job's outcome
+# reaches the controller within this of the job writing it
+JOB_POLL_S = 0.02
+
 # what the plan decides (trainer_begin sets them from it) or what is a secret (a top-level option of its own)
 PLANNED = ("state", "release", "reasons", "min_tokps_ratio", "install", "env_content", "environment_json")
 
@@ -146,6 +150,6 @@ def start_job(module, p, runner):
 
 def wait_for_job(p, clock=time.monotonic, sleep=time.sleep):
     """Watch the job ``p["job_id"]`` for ``p["wait_s"]`` -> (ok, fields) of O(state=wait)."""
-    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive), job_ended(p["job_id"]), p["wait_s"], 0.1,
-                     clock=clock, sleep=sleep)
+    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive), job_ended(p["job_id"]), p["wait_s"],
+                     JOB_POLL_S, clock=clock, sleep=sleep)
     return wait_report(out, p["state_path"])

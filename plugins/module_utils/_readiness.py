@@ -91,11 +91,27 @@ class Verdict:
 class Snapshot:
     """One poll: ``now`` (monotonic s), ``unit`` (systemctl show props), ``gpus_mib``
     ({index: MiB or None}), ``log`` (a ``_trainer_log.LogAnalysis`` of this start; its
-    ``marker`` is None until our marker line was seen)."""
+    ``marker`` is None until our marker line was seen).
+
+    A caller that reads the log more often than the unit and the GPUs (the proof: ``_cycle.prove``)
+    says when the log showed what it shows, in the same clock: ``step_seen_at``, when its highest
+    step value was first read; ``log_ready_at``, when its conditions (a ready line, ``min_steps``
+    step values) first all held. The Judge times progress and the hold's start by them when they fall
+    after the observation before (``read_at``); None: ``now``."""
     now: float
     unit: dict
     gpus_mib: dict
     log: object = None
+    step_seen_at: float = None
+    log_ready_at: float = None
+
+
+def read_at(seen, before, now):
+    """When the log showed something, for the Judge: ``seen`` when it falls after the observation
+    before (``before``) and not after ``now``; else ``now`` (nothing earlier is known)."""
+    if seen is None or before is None or not before < seen <= now:
+        return now
+    return seen
 
 
 def _proof_setting(default, variable):
@@ -225,6 +241,11 @@ def gpu_shortfall(indexes, gpus_mib, min_mib):
 
 def missing_conditions(expect, snap):
     """What still keeps the trainer from READY, in words (empty: all conditions hold)."""
+    return state_missing(expect, snap) + log_missing(expect, snap.log)
+
+
+def state_missing(expect, snap):
+    """The conditions of the unit and the GPUs that do not hold, in words."""
     missing = []
     indexes = expected_gpus(expect, snap.gpus_mib)
     if not indexes:
@@ -241,7 +262,12 @@ def missing_conditions(expect, snap):
         missing.append("systemd reports no InvocationID for the unit")
     if int_prop(snap.unit, "NRestarts", None) is None:
         missing.append("the unit's NRestarts is unreadable (%r)" % snap.unit.get("NRestarts"))
-    log = snap.log
+    return missing
+
+
+def log_missing(expect, log):
+    """The conditions of this start's log that do not hold, in words."""
+    missing = []
     if log is None or getattr(log, "marker", None) is None:
         missing.append("no start marker for invocation %s in the log" % expect.invocation_id)
         return missing
@@ -415,6 +441,7 @@ class Judge(object):
         self.hold_step = None
         self.hold_rises = 0
         self.last_now = None  # the time of the last observation
+        self.state_held = False  # the unit's and the GPUs' conditions held at the last observation
         self.progress_step = None
         self.progress_at = None
         self.first_step_at = None
@@ -503,14 +530,16 @@ class Judge(object):
         details["reason"] = reason
         return Verdict(FAILED, reason, details)
 
-    def _progress(self, snap, log, has_log):
-        """Update the progress clock; returns (step, stalled_s or None, window broken, rose)."""
+    def _progress(self, snap, log, has_log, before):
+        """Update the progress clock (a rise is timed when the log showed it: ``read_at``); returns
+        (step, stalled_s or None, window broken, rose)."""
         expect = self.expect
         step = log.max_step if has_log else None
         clock_was_running = self.progress_clock
         self.progress_clock = expect.min_steps > 0 and has_log and log.n_steps >= expect.min_steps
         if step is not None and (self.progress_step is None or step > self.progress_step):
-            gap = None if self.progress_at is None else snap.now - self.progress_at
+            at = read_at(snap.step_seen_at, before, snap.now)
+            gap = None if self.progress_at is None else at - self.progress_at
             broken = clock_was_running and gap is not None and gap > self.stall_window_s
             if gap is not None and self.progress_clock and not broken:
                 # the trainer's cadence: gaps once the clock runs (the one that starts it counts:
@@ -518,9 +547,9 @@ class Judge(object):
                 self.gaps.append(gap)
                 del self.gaps[:-CADENCE_GAPS]
             if self.first_step_at is None:
-                self.first_step_at = snap.now
+                self.first_step_at = at
             self.progress_step = step
-            self.progress_at = snap.now
+            self.progress_at = at
             return step, None, broken, True
         if self.progress_clock and self.progress_at is not None:
             stalled = snap.now - self.progress_at
@@ -607,7 +636,7 @@ class Judge(object):
         if self.start is None:
             self.start = snap.now
         self.observations += 1
-        self.last_now = snap.now
+        before, self.last_now = self.last_now, snap.now
         expect = self.expect
         props = snap.unit
         log = snap.log
@@ -642,7 +671,7 @@ class Judge(object):
                 fmt_gpu_list(absent), index_ranges(snap.gpus_mib) or "none"))
 
         # 4. progress: a stall fails; a late poll restarts the window
-        step, stalled, window_broken, rose = self._progress(snap, log, has_log)
+        step, stalled, window_broken, rose = self._progress(snap, log, has_log, before)
         if stalled is not None:
             back = getattr(log, "went_back", None) if has_log else None
             if back:
@@ -664,15 +693,23 @@ class Judge(object):
         if unread:
             return self._fail(snap, unread)
 
-        # 7. the hold window
-        missing = missing_conditions(expect, snap)
+        # 7. the hold window: it begins when the last condition came to hold - when the log showed it (its
+        # conditions, or the rise after a late poll), if the unit's and the GPUs' held at the observation before
+        state_missing_now = state_missing(expect, snap)
+        missing = state_missing_now + log_missing(expect, log)
+        held_before, self.state_held = self.state_held, not state_missing_now
         if missing:
             self.hold_since = None
             self.hold_step = None
             self.hold_rises = 0
         else:
             if self.hold_since is None or window_broken:
-                self.hold_since = snap.now
+                if not held_before:
+                    self.hold_since = snap.now
+                elif window_broken:
+                    self.hold_since = self.progress_at
+                else:
+                    self.hold_since = read_at(snap.log_ready_at, before, snap.now)
                 self.hold_step = step
                 self.hold_rises = 0
             elif rose:

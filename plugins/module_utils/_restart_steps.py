@@ -20,6 +20,7 @@ import os
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
+    LOG_POLL_S,
     START_TIMEOUT_S,
     STOP_MARGIN_S,
     StepFailed,
@@ -115,7 +116,7 @@ class Steps(object):
                      expectations(invocation_id, n_restarts, p), self.regexes, interval_s=p["interval_s"],
                      tick=self.tick, measure_s=p["measure_s"], extra_regexes=p["measure_regexes"],
                      baseline=self.baseline, progress_path=p.get("progress_path") or None,
-                     progress_from=self.progress_from)
+                     progress_from=self.progress_from, log_interval_s=LOG_POLL_S)
 
     def unit_state(self):
         try:

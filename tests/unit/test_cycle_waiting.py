@@ -47,3 +47,33 @@ def test_memory_held_before_the_start_is_not_the_trainers():
     assert ours({5: 50000, 6: 30000, 7: None}, {5: 20000, 7: 100}) == {5: 30000, 6: 30000, 7: None}
     assert ours({5: 10000}, {5: 20000}) == {5: 0}  # the other tenant freed some: never negative
     assert ours({5: 1}, None) == {5: 1}
+
+
+class CountedRun(FakeRun):
+    """FakeRun that records (time, whether it was the process query) per nvidia-smi call."""
+
+    def __init__(self, mibs, now):
+        super().__init__(mibs)
+        self.now, self.calls = now, []
+
+    def __call__(self, argv):
+        self.calls.append((self.now[0], any(a.startswith("--query-compute-apps") for a in argv)))
+        return super().__call__(argv)
+
+
+@pytest.mark.parametrize("mibs, apps_at, failed", [([30000], [2.0, 3.0], True), ([0], [], False)])
+def test_the_drain_reads_the_process_list_only_when_a_reading_can_end_it_at_its_deadline(mibs, apps_at, failed):
+    """Memory decides; the process list (a second nvidia-smi call) only names the holders in the
+    failure message: the readings before the last interval go without it, a drain that ends at once
+    never reads it."""
+    now = [0.0]
+    run = CountedRun(mibs, now)
+    try:
+        drain(run, "nvidia-smi", gpus=[0], timeout_s=3, interval_s=1, clock=lambda: now[0],
+              sleep=lambda s: now.__setitem__(0, now[0] + s))
+    except StepFailed as exc:
+        assert failed and "holders: none visible" in exc.msg
+    else:
+        assert not failed
+    assert [t for t, apps in run.calls if apps] == apps_at
+    assert [t for t, apps in run.calls if not apps] == ([0.0, 1.0, 2.0, 3.0] if failed else [0.0, 1.0])

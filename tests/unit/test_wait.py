@@ -228,7 +228,8 @@ def test_the_watch_of_the_restart_job_reports_its_phase_at_its_deadline(tmp_path
     ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=1), clock=clock, sleep=clock.sleep)
     assert ok and fields == dict(changed=False, finished=False, phase="proving, holding",
                                  job=outcome_words(json.load(open(path))))
-    assert sum(clock.slept) == pytest.approx(1.0) and max(clock.slept) == pytest.approx(0.1)  # a look every 0.1 s
+    # a look every JOB_POLL_S (0.02 s: the outcome reaches the controller within it)
+    assert sum(clock.slept) == pytest.approx(1.0) and max(clock.slept) == pytest.approx(_job_start.JOB_POLL_S)
 
     def finish(_t):
         job_state(path, job_id="j1", phase="done", done=True, result={"ok": True, "msg": "proved"})
