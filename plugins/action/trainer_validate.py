@@ -8,6 +8,9 @@ variables: no remote call, so a refused input costs nothing on the target and ch
 """
 from __future__ import annotations
 
+import os
+import secrets
+import string
 import subprocess
 
 from ansible.errors import AnsibleError
@@ -24,17 +27,29 @@ from ansible_collections.dflash.trainer.plugins.plugin_utils._role_spec import e
 def describe_source(src):
     """"git 4f1c2d9" (+ " dirty") when trainer_src is a git checkout, else "" (the job then records
     the release id, which is the tree's content hash). Read here, on the controller, where the
-    checkout is; git's absence or any git error just gives ""."""
+    checkout is, by one ``git status`` (its porcelain v2 header names the commit; its entries are the
+    changes under trainer_src); git's absence, a checkout with no commit or any git error just gives ""."""
     try:
-        top = subprocess.run(["git", "-C", src, "rev-parse", "--short=7", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=False)
-        if top.returncode != 0:
-            return ""
-        dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--", "."], capture_output=True,
-                               text=True, timeout=30, check=False)
-        return "git %s%s" % (top.stdout.strip(), " dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+        res = subprocess.run(["git", "-C", src, "status", "--porcelain=v2", "--branch", "--", "."],
+                             capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return ""
+    lines = res.stdout.splitlines() if res.returncode == 0 else []
+    oid = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), "")
+    if not oid or oid == "(initial)":
+        return ""
+    return "git %s%s" % (oid[:7], " dirty" if any(not line.startswith("#") for line in lines) else "")
+
+
+_TOKEN_CHARS = string.ascii_lowercase + string.digits
+
+
+def play_lock(token, environ, nodename):
+    """(token, owner) of this play's deploy lock: ``token`` kept when given (the role may run several
+    times in one play: its runs share one token), else 20 random characters of [a-z0-9]; the owner
+    names who runs the play and where ("$USER on <node>", root when USER is unset or empty)."""
+    token = token or "".join(secrets.choice(_TOKEN_CHARS) for _i in range(20))
+    return token, "%s on %s" % (environ.get("USER") or "root", nodename)
 
 
 # inventory variables the checks read besides trainer_*
@@ -44,7 +59,7 @@ _HOST_VARS = ("proxmox_vmid", "ansible_connection", "inventory_hostname", "group
 class ActionModule(ActionBase):
 
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit", "spec"))
+    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit", "spec", "lock_token"))
 
     def _play_variables(self, task_vars):
         names = [k for k in task_vars if k.startswith("trainer_")] + [k for k in _HOST_VARS if k in task_vars]
@@ -95,6 +110,10 @@ class ActionModule(ActionBase):
             # what a run writes or deletes on the target: judged there by the first read (trainer_status)
             unit_path = unit_path_of(variables.get("trainer_unit_name"))
             result["owned"] = [dict(variable=var, kind=kind, path=path) for var, kind, path in managed(variables, unit_path)]
+        if entry != "status":
+            # the play's lock: the token the first read takes it with, and who holds it (vars/main.yml)
+            result["lock_token"], result["lock_owner"] = play_lock(args.get("lock_token"), os.environ,
+                                                                   os.uname().nodename)
         result["problems"] = [str(p) for p in problems]
         result["changed"] = False
         if problems:

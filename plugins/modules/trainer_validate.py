@@ -49,6 +49,12 @@ options:
       - Only in a task of the role (the action plugin reads the role's spec); ignored by the module itself.
     type: bool
     default: false
+  lock_token:
+    description:
+      - The play's deploy lock token, returned as RV(lock_token) - given by a second run of the role in one play
+        (the earlier run's RV(lock_token)), so that the play's runs share one token. Without it, a new token.
+      - Only the action plugin returns it (not for O(entry=status)); ignored by the module itself.
+    type: str
 notes:
   - Runs on the controller (action plugin); the module itself runs the same pure checks where it is executed.
 """
@@ -66,6 +72,27 @@ problems:
   type: list
   elements: str
   sample: ["trainer_unit_name: ends with .service: give the name without the suffix (x) (got 'x.service'); accepted: ..."]
+lock_token:
+  description: The token this play takes and renews the deploy lock with - O(lock_token), or 20 new characters of [a-z0-9].
+  returned: by the action plugin, unless O(entry=status)
+  type: str
+  sample: 5qso6ss0kqpib7hh9sp7
+lock_owner:
+  description: Who holds the lock while this play does, as the lock file and the job's state record it ("$USER on <controller>").
+  returned: by the action plugin, unless O(entry=status)
+  type: str
+  sample: root on controller
+source:
+  description: The release source's git commit (C(git 4f1c2d9), with C( dirty) for uncommitted changes), or empty.
+  returned: by the action plugin, for O(entry=main) when the inputs are accepted
+  type: str
+  sample: git 4f1c2d9
+owned:
+  description: What the run writes or deletes on the target, each judged there by the first read before the lock is taken.
+  returned: by the action plugin, unless O(entry=status), when the inputs are accepted
+  type: list
+  elements: dict
+  sample: [{"variable": "trainer_root", "kind": "root", "path": "/opt/dflash"}]
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -79,6 +106,7 @@ def main():
         argument_spec=dict(
             entry=dict(type="str", default="main", choices=["main", "restart", "rollback", "status"]),
             spec=dict(type="bool", default=False),
+            lock_token=dict(type="str", no_log=False),
             variables=dict(type="dict"),
             gpus=dict(type="list", elements="dict"),
             unit=dict(type="dict"),

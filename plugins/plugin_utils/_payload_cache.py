@@ -21,15 +21,29 @@ does, in the fewest moves.
 - :func:`restore` / :func:`keep` - before the build, the stored payload is copied where Ansible looks
   first (its run's cache: it then uses it as its own); after it, the built one is stored (older keys of
   the module removed). Any error leaves Ansible to build as usual: the cache only ever saves time.
+- :func:`with_bytecode` / :func:`add_bytecode` - a payload this run built gets, before it is stored, the
+  compiled code of each of its Python files beside the file (``x.pyc`` beside ``x.py``). The target
+  imports the payload from the zip, where Python keeps no bytecode cache: without it, every call compiles
+  every module_util again (ansible-core's own ones included), ≈ 0.1 s of a first read's ≈ 0.3 s on the
+  target. Each ``.pyc`` is a checked-hash one (PEP 552): the target's Python uses it only when it is its
+  own version (the magic number) and the source beside it has the hash it was compiled from; else it
+  compiles the source, as without it. Nothing in Ansible adds bytecode to a payload.
 """
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
+import importlib.util
+import io
+import marshal
 import os
+import pickle
 import shutil
 import stat
 import sys
 import tempfile
+import zipfile
 
 import ansible
 from ansible import constants as C
@@ -58,9 +72,14 @@ def payload_key(module_path, utils_dir, runtime):
     return h.hexdigest()
 
 
+# the stored payload's form: a payload stored in an earlier form is never used (its key differs)
+PAYLOAD_FORM = "with-bytecode-1"
+
+
 def runtime_of(compression):
-    """The runtime part of a payload's key: ansible-core's version and location, Python's version."""
-    return (ANSIBLE_VERSION, os.path.dirname(ansible.__file__), sys.version, compression)
+    """The runtime part of a payload's key: ansible-core's version and location, Python's version, the
+    compression and the stored payload's form."""
+    return (ANSIBLE_VERSION, os.path.dirname(ansible.__file__), sys.version, compression, PAYLOAD_FORM)
 
 
 def _private(path, uid):
@@ -130,6 +149,57 @@ def keep(store, run_cache, prefix, uid=None):
     return kept
 
 
+def _pyc(source, filename):
+    """A checked-hash .pyc (PEP 552: magic, flags 0b11, the source's hash, the code) of ``source``."""
+    code = compile(source, filename, "exec", dont_inherit=True, optimize=0)
+    return importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little") + importlib.util.source_hash(source) \
+        + marshal.dumps(code)
+
+
+def with_bytecode(zip_bytes):
+    """The payload zip ``zip_bytes`` with a checked-hash ``.pyc`` beside each ``.py`` that has none (as this
+    Python compiles it; a file that does not compile is left to the target, as it would be without) -> bytes."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(zip_bytes)) as src, zipfile.ZipFile(out, "w") as dst:
+        names = set(src.namelist())
+        for info in src.infolist():
+            body = src.read(info)
+            dst.writestr(info, body)
+            if not info.filename.endswith(".py") or info.filename + "c" in names:
+                continue
+            try:
+                pyc = _pyc(body, info.filename)
+            except (SyntaxError, ValueError):
+                continue
+            compiled = zipfile.ZipInfo(info.filename + "c", info.date_time)
+            compiled.compress_type = info.compress_type
+            dst.writestr(compiled, pyc)
+    return out.getvalue()
+
+
+def add_bytecode(path):
+    """Give the payload Ansible cached at ``path`` (its pickled module: base64 zip data, metadata) the bytecode
+    of its Python files (``with_bytecode``), replacing the file atomically; False when it has it already."""
+    from ansible.executor.module_common import _CachedModule  # the payload's own class: its pickle needs it
+
+    cached = _CachedModule.load(path)
+    zip_bytes = base64.b64decode(cached.zip_data)
+    with zipfile.ZipFile(io.BytesIO(zip_bytes)) as zf:
+        if any(name.endswith(".pyc") for name in zf.namelist()):
+            return False
+    new = dataclasses.replace(cached, zip_data=base64.b64encode(with_bytecode(zip_bytes)))
+    # a temp file of its own (workers of one run may add the same payload's bytecode at once), then one rename
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + _TEMP, dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(new, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
+
+
 class KeptPayload:  # pylint: disable=too-few-public-methods
     """Mixin for an action plugin (before ActionBase in its bases): the payload of this collection's
     modules is restored from the store before Ansible's build and stored after it."""
@@ -155,7 +225,13 @@ class KeptPayload:  # pylint: disable=too-few-public-methods
         built = super()._configure_module(module_name=module_name, module_args=module_args, task_vars=task_vars)
         if where:
             try:
+                _store, run_cache, prefix = where
+                for name in os.listdir(run_cache):
+                    # built by this run (not in the store): stored with its bytecode
+                    if _is_payload(name, prefix) and not os.path.exists(os.path.join(_store, name)):
+                        add_bytecode(os.path.join(run_cache, name))
                 keep(*where)
-            except OSError:
+            # the cache only ever saves time: on any error Ansible's own build stands
+            except Exception:  # pylint: disable=broad-except
                 pass
         return built

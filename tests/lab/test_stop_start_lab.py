@@ -6,7 +6,8 @@
 - playbooks/start.yml starts the current release and proves it (a new invocation); a second start
   while it runs proved is a no-op that says so (same pid and invocation);
 - a stop while another deploy holds the lock is refused and the trainer runs on;
-- trainer_stop_disable=true disables the unit, and the next start enables it again."""
+- trainer_stop_disable=true disables the unit, and the next start enables it again;
+- a play that runs the role twice (stop, then start) gets each run's own outcome."""
 import json
 import os
 import subprocess
@@ -139,3 +140,36 @@ def test_a_stop_with_disable_disables_the_unit_and_the_start_enables_it_again(la
     started = play(inv, "playbooks/start.yml")
     assert started.returncode == 0, started.out[-3000:]
     assert unit(lab)["ActiveState"] == "active" and unit(lab)["UnitFileState"] == "enabled"
+
+
+STOP_THEN_START = """
+- name: Stop, then start, in one play (the role runs twice)
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Stop
+      ansible.builtin.include_role:
+        name: dflash.trainer.trainer
+        tasks_from: stop
+    - name: Start
+      ansible.builtin.include_role:
+        name: dflash.trainer.trainer
+        tasks_from: start
+"""
+
+
+def test_stop_then_start_in_one_play_each_run_its_own(lab, inv, tmp_path):
+    """The role run twice in one play: the start reads its own first read and its own job, not the stop's (what a
+    run learned is forgotten at its end), and each frees the lock it took."""
+    before = unit(lab)
+    assert before["ActiveState"] == "active"
+    playbook = tmp_path / "stop_start.yml"
+    playbook.write_text(STOP_THEN_START)
+    res = play(inv, str(playbook))
+    assert res.returncode == 0, res.out[-3000:]
+    assert "stopped %s: release %s, pid %s" % (UNIT, current(lab), before["MainPID"]) in res.out, res.out[-3000:]
+    assert "ready: release %s" % current(lab) in res.out, res.out[-3000:]
+    assert "nothing was started - left running" not in res.out, res.out[-3000:]  # not the start's no-op
+    after = unit(lab)
+    assert after["ActiveState"] == "active" and after["InvocationID"] != before["InvocationID"]
+    assert lock_free(lab)

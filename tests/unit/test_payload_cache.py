@@ -150,3 +150,83 @@ def test_a_second_run_uses_the_payload_the_first_built(tmp_path):
     assert len(stored) == 1 and os.listdir(stored[0]) == [PREFIX + "none"]
     second = ansible_lock_call(env)
     assert "ANSIBALLZ: using cached module" in second and "ANSIBALLZ: Creating module" not in second
+
+
+def payload_zip(files):
+    import io
+    import zipfile
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return out.getvalue()
+
+
+def import_from(zip_path, name):
+    """Import ``name`` from the zip in a new interpreter (as the target imports a payload) -> (value, file)."""
+    code = "import sys; sys.path.insert(0, %r); import %s as m; print(m.VALUE, m.__file__)" % (zip_path, name)
+    res = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    value, path = res.stdout.split()
+    return value, path
+
+
+def test_the_payload_gets_checked_bytecode_that_the_target_imports(tmp_path):
+    import zipfile
+    files = {"pkg/__init__.py": "", "pkg/mod.py": "from __future__ import annotations\nVALUE = 'from-source'\n",
+             "broken.py": "def (:\n"}
+    out = pc.with_bytecode(payload_zip(files))
+    with zipfile.ZipFile(__import__("io").BytesIO(out)) as zf:
+        names = set(zf.namelist())
+        assert zf.read("pkg/mod.py") == files["pkg/mod.py"].encode()  # the sources stay
+    # a .pyc beside each .py that compiles; one that does not is left to the target
+    assert names == set(files) | {"pkg/__init__.pyc", "pkg/mod.pyc"}
+    assert pc.with_bytecode(out) == pc.with_bytecode(out) and set(zipfile.ZipFile(
+        __import__("io").BytesIO(pc.with_bytecode(out))).namelist()) == names  # never a second .pyc
+    path = tmp_path / "payload.zip"
+    path.write_bytes(out)
+    value, where = import_from(str(path), "pkg.mod")
+    assert value == "from-source" and where.endswith("pkg/mod.pyc")  # the bytecode was used
+
+
+def test_bytecode_whose_source_changed_is_not_used(tmp_path):
+    """Checked-hash bytecode: the target compiles the source when it is not the one the .pyc was made from."""
+    import io
+    import zipfile
+    out = pc.with_bytecode(payload_zip({"mod.py": "VALUE = 'old'\n"}))
+    changed = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(out)) as src, zipfile.ZipFile(changed, "w") as dst:
+        dst.writestr("mod.pyc", src.read("mod.pyc"))
+        dst.writestr("mod.py", "VALUE = 'new'\n")
+    path = tmp_path / "payload.zip"
+    path.write_bytes(changed.getvalue())
+    value, where = import_from(str(path), "mod")
+    assert value == "new" and where.endswith("mod.py")
+
+
+def test_bytecode_of_another_python_is_not_used(tmp_path):
+    import io
+    import zipfile
+    out = pc.with_bytecode(payload_zip({"mod.py": "VALUE = 'src'\n"}))
+    other = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(out)) as src, zipfile.ZipFile(other, "w") as dst:
+        pyc = bytearray(src.read("mod.pyc"))
+        pyc[0:2] = (int.from_bytes(pyc[0:2], "little") + 1).to_bytes(2, "little")  # another magic number
+        dst.writestr("mod.pyc", bytes(pyc))
+        dst.writestr("mod.py", src.read("mod.py"))
+    path = tmp_path / "payload.zip"
+    path.write_bytes(other.getvalue())
+    assert import_from(str(path), "mod") == ("src", str(path / "mod.py"))
+
+
+def test_a_cached_payload_gets_its_bytecode_once(tmp_path):
+    import base64
+    from ansible.executor.module_common import _CachedModule
+    path = str(tmp_path / (PREFIX + "none"))
+    zip_bytes = payload_zip({"mod.py": "VALUE = 1\n"})
+    _CachedModule(zip_data=base64.b64encode(zip_bytes), metadata=None, source_mapping={"a": "b"}).dump(path)
+    assert pc.add_bytecode(path) is True
+    loaded = _CachedModule.load(path)
+    assert loaded.source_mapping == {"a": "b"}
+    assert base64.b64decode(loaded.zip_data) == pc.with_bytecode(zip_bytes)
+    assert pc.add_bytecode(path) is False
+    assert os.listdir(tmp_path) == [PREFIX + "none"]  # no temp file left
