@@ -115,15 +115,22 @@ def _copy(src, dest_dir, name, uid):
     st = os.lstat(src)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or os.path.lexists(dest):
         return False
-    fd, tmp = tempfile.mkstemp(prefix=name + _TEMP, dir=dest_dir)
+    with open(src, "rb") as fh:
+        _write_atomically(dest, lambda out: shutil.copyfileobj(fh, out))
+    return True
+
+
+def _write_atomically(dest, write):
+    """``write(file)`` into a temp file of its own beside ``dest`` (never a payload's name), then one rename
+    onto ``dest``: a reader sees the old file or the whole new one, and writers at once never mix."""
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dest) + _TEMP, dir=os.path.dirname(dest))
     try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as fh:
-            shutil.copyfileobj(fh, out)
+        with os.fdopen(fd, "wb") as out:
+            write(out)
         os.replace(tmp, dest)
     except BaseException:
         os.unlink(tmp)
         raise
-    return True
 
 
 def restore(store, run_cache, prefix, uid=None):
@@ -188,15 +195,7 @@ def add_bytecode(path):
         if any(name.endswith(".pyc") for name in zf.namelist()):
             return False
     new = dataclasses.replace(cached, zip_data=base64.b64encode(with_bytecode(zip_bytes)))
-    # a temp file of its own (workers of one run may add the same payload's bytecode at once), then one rename
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + _TEMP, dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pickle.dump(new, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    _write_atomically(path, lambda out: pickle.dump(new, out))  # workers of one run may do this at once
     return True
 
 
