@@ -159,8 +159,7 @@ STOP_THEN_START = """
 
 
 def test_stop_then_start_in_one_play_each_run_its_own(lab, inv, tmp_path):
-    """The role run twice in one play: the start reads its own first read and its own job, not the stop's (what a
-    run learned is forgotten at its end), and each frees the lock it took."""
+    """The role run twice in one play, as a user would stop and start: each run's own outcome, the lock free."""
     before = unit(lab)
     assert before["ActiveState"] == "active"
     playbook = tmp_path / "stop_start.yml"
@@ -173,3 +172,41 @@ def test_stop_then_start_in_one_play_each_run_its_own(lab, inv, tmp_path):
     after = unit(lab)
     assert after["ActiveState"] == "active" and after["InvocationID"] != before["InvocationID"]
     assert lock_free(lab)
+
+
+DEPLOY_TWICE = """
+- name: A new release, then the same one with its unit disabled, in one play (the role runs twice)
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Deploy a new release (uploaded, restarted by a job that takes the lock over)
+      ansible.builtin.include_role:
+        name: dflash.trainer.trainer
+    - name: Deploy it again, its unit disabled (no restart; the play holds the lock and frees it at the end)
+      ansible.builtin.include_role:
+        name: dflash.trainer.trainer
+      vars:
+        trainer_unit_enabled: false
+"""
+
+
+def test_a_second_run_in_one_play_frees_the_lock_it_holds(lab, inv, tmp_path):
+    """What a run learned is forgotten at its end: the second run does not take the first run's restart job
+    (which took the lock over) for its own, so it frees the lock its first read took - never left held."""
+    import shutil
+    src = tmp_path / "trainer"
+    shutil.copytree(os.path.join(ROOT, "examples", "trainer"), src)
+    (src / "second-release.txt").write_text("a release of its own\n")
+    playbook = tmp_path / "deploy_twice.yml"
+    playbook.write_text(DEPLOY_TWICE)
+    before = current(lab)
+    try:
+        res = play(inv, str(playbook), trainer_src=str(src))
+        assert res.returncode == 0, res.out[-3000:]
+        assert current(lab) != before and "ready: release %s" % current(lab) in res.out, res.out[-3000:]
+        assert unit(lab)["UnitFileState"] == "disabled" and unit(lab)["ActiveState"] == "active"
+        assert lock_free(lab), lab.ct(CT, "cat", LOCK).stdout
+    finally:
+        again = play(inv, "deploy.yml")  # the example release again, its unit enabled
+        assert again.returncode == 0, again.out[-3000:]
+    assert unit(lab)["UnitFileState"] == "enabled" and lock_free(lab)
