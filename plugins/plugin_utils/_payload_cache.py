@@ -142,12 +142,19 @@ def restore(store, run_cache, prefix, uid=None):
             if _is_payload(n, prefix) and _copy(os.path.join(store, n), run_cache, n, uid)]
 
 
-def keep(store, run_cache, prefix, uid=None):
-    """Store the payloads ``run_cache`` holds whose name starts with ``prefix`` (built by this run) and
-    remove the module's other keys beside ``store`` -> the names stored."""
+def keep(store, run_cache, prefix, uid=None, prepare=None):
+    """Store the payloads ``run_cache`` holds whose name starts with ``prefix`` and ``store`` lacks (built by
+    this run), each given to ``prepare(path)`` first when given (KeptPayload: ``add_bytecode``), and remove
+    the module's other keys beside ``store`` -> the names stored."""
     uid = os.geteuid() if uid is None else uid
-    kept = [n for n in sorted(os.listdir(run_cache))
-            if _is_payload(n, prefix) and _copy(os.path.join(run_cache, n), store, n, uid)]
+    kept = []
+    for name in sorted(os.listdir(run_cache)):
+        if not _is_payload(name, prefix) or os.path.lexists(os.path.join(store, name)):
+            continue
+        if prepare is not None:
+            prepare(os.path.join(run_cache, name))
+        if _copy(os.path.join(run_cache, name), store, name, uid):
+            kept.append(name)
     if kept:
         module_dir, key = os.path.split(store)
         for other in os.listdir(module_dir):
@@ -224,12 +231,7 @@ class KeptPayload:  # pylint: disable=too-few-public-methods
         built = super()._configure_module(module_name=module_name, module_args=module_args, task_vars=task_vars)
         if where:
             try:
-                _store, run_cache, prefix = where
-                for name in os.listdir(run_cache):
-                    # built by this run (not in the store): stored with its bytecode
-                    if _is_payload(name, prefix) and not os.path.exists(os.path.join(_store, name)):
-                        add_bytecode(os.path.join(run_cache, name))
-                keep(*where)
+                keep(*where, prepare=add_bytecode)  # a payload this run built is stored with its bytecode
             # the cache only ever saves time: on any error Ansible's own build stands
             except Exception:  # pylint: disable=broad-except
                 pass

@@ -230,3 +230,26 @@ def test_a_cached_payload_gets_its_bytecode_once(tmp_path):
     assert base64.b64decode(loaded.zip_data) == pc.with_bytecode(zip_bytes)
     assert pc.add_bytecode(path) is False
     assert os.listdir(tmp_path) == [PREFIX + "none"]  # no temp file left
+
+
+def test_keep_prepares_only_what_it_stores(tmp_path):
+    """``prepare`` (the bytecode) runs on a payload this run built, before it is stored; never on one the store
+    has already, nor on the run cache's other files."""
+    parent = tmp_path / "tmp"
+    parent.mkdir(mode=0o700)
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in (PREFIX + "none", PREFIX + "none.lock", "ansible.builtin.ping-x"):
+        (run / name).write_bytes(b"built")
+    store = pc.store_dir(str(parent), "trainer_lock", "k")
+    prepared = []
+
+    def prepare(path):
+        prepared.append(os.path.basename(path))
+        with open(path, "ab") as fh:
+            fh.write(b"+bytecode")
+
+    assert pc.keep(store, str(run), PREFIX, prepare=prepare) == [PREFIX + "none"]
+    assert prepared == [PREFIX + "none"]
+    assert open(os.path.join(store, PREFIX + "none"), "rb").read() == b"built+bytecode"
+    assert pc.keep(store, str(run), PREFIX, prepare=prepare) == [] and prepared == [PREFIX + "none"]
