@@ -25,13 +25,25 @@ lab: setup
 deploy: lab
 	ansible-playbook deploy.yml -l gpu-host
 
-test: lab test-unit ee test-lab lint sanity molecule
+# Every stage runs, whatever the ones before it ended with; one summary line per stage (result, wall
+# time) at the end, and the exit is non-zero when any stage failed (.ci/stages).
+TEST_STAGES := lab test-unit ee test-lab lint sanity molecule
+test:
+	@MAKE="$(MAKE)" bash .ci/stages $(TEST_STAGES)
 
 test-unit: setup
 	python -m pytest -q --durations=10 tests/unit
 
 test-lab: lab
 	python -m pytest -q --durations=20 -n 2 --dist loadfile tests/lab
+
+# The lab tests beside a busy loop on every core (.ci/under-load): a test that needs an idle machine
+# fails here, not in CI. LOAD_TESTS narrows it (a file, or file::test), LOAD_COUNT repeats it.
+LOAD_TESTS ?= tests/lab
+LOAD_COUNT ?= 1
+.PHONY: test-lab-load
+test-lab-load: lab
+	bash .ci/under-load --count $(LOAD_COUNT) -- python -m pytest -q --durations=20 -n 2 --dist loadfile $(LOAD_TESTS)
 
 # Real PyTorch (issue 15 item 4): tests/lab/test_torch_lab.py alone, its figures printed (-s). test-lab
 # runs it too: ≈ 3.3 min on 2 shared cores, ≤ 4.5 min when it first builds the torch venv and container

@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -108,11 +109,23 @@ def find_config_file(directory: str, environ: Mapping[str, str]) -> Optional[str
             raise FileNotFoundError("Ansible configuration %s (ANSIBLE_CONFIG) does not exist" % config_file)
         return config_file
     home = environ.get("HOME") or os.path.expanduser("~")
-    for candidate in (os.path.join(directory, "ansible.cfg"), os.path.join(home, ".ansible.cfg"),
-                      "/etc/ansible/ansible.cfg"):
+    here = [] if ignored_config_file(directory) else [os.path.join(directory, "ansible.cfg")]
+    for candidate in here + [os.path.join(home, ".ansible.cfg"), "/etc/ansible/ansible.cfg"]:
         if os.path.isfile(candidate):
             return candidate
     return None
+
+
+def ignored_config_file(directory: str) -> Optional[str]:
+    """DIRECTORY/ansible.cfg when it exists in a directory every user may write: Ansible itself
+    never reads it (it warns "Ansible is being run in a world writable directory"), and neither do
+    we - another user's file there could name an inventory script that runs as the operator."""
+    candidate = os.path.join(directory, "ansible.cfg")
+    try:
+        writable = bool(os.stat(directory).st_mode & stat.S_IWOTH)
+    except OSError:
+        return None
+    return candidate if writable and os.path.lexists(candidate) else None
 
 
 def ansible_settings(config_file: Optional[str], environ: Mapping[str, str]) -> Tuple[list, bool]:
@@ -424,6 +437,8 @@ def run_playbook_live(playbook: str, *, limit: Optional[str] = None, inventory: 
         runner = ansible_runner.run(event_handler=keep, **kwargs)
         result = build_run_result(events, rc=runner.rc, status=runner.status)
         result.playbook, result.inventory, result.inventory_from = playbook, sources, origin
+        result.config = kwargs["envvars"].get("ANSIBLE_CONFIG")
+        result.config_ignored = ignored_config_file(kwargs["project_dir"])
         result.elapsed_s = round(time.monotonic() - began, 1)
         if not result.stats and result.reason is None:
             output = _output_tail(runner)

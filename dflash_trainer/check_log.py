@@ -30,6 +30,7 @@ import importlib
 import math
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -213,13 +214,40 @@ def split_lines(text: str, line_end) -> list[tuple[str, int]]:
     return out
 
 
+# The most of a log check-log reads: a replay of a log this large already takes minutes, and a
+# larger one is cut by the user (`tail -c 256M`), never read until memory runs out.
+MAX_LOG_BYTES = 256 * 1024 * 1024
+READ_CHUNK = 1024 * 1024
+
+
+def _read_bounded(fh, path: str) -> bytes:
+    chunks, size = [], 0
+    while True:
+        chunk = fh.read(READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_LOG_BYTES:
+            raise BadInput("%s is larger than %d MiB: give check-log its last part (tail -c %dM %s > part.log)"
+                           % (path, MAX_LOG_BYTES >> 20, MAX_LOG_BYTES >> 20, path))
+        chunks.append(chunk)
+
+
 def read_text(path: str) -> str:
+    """The log at PATH ('-': standard input) as text: a regular file (never a FIFO or a device,
+    which could block or never end: opened without blocking, then refused), read in bounded
+    chunks up to MAX_LOG_BYTES."""
     try:
         if path == "-":
-            data = sys.stdin.buffer.read()
+            data = _read_bounded(sys.stdin.buffer, "standard input")
         else:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise BadInput("%s is not a regular file (a FIFO, device or directory): check-log reads a "
+                               "log file, or standard input with '-'" % path)
+            with os.fdopen(fd, "rb") as fh:
+                data = _read_bounded(fh, path)
     except OSError as e:
         raise BadInput("cannot read the log %s: %s" % (path, e.strerror or e)) from None
     if b"\0" in data[:65536]:

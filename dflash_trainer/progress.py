@@ -165,7 +165,12 @@ def summary(result: RunResult) -> str:
         head += ", %s" % _fmt_s(result.elapsed_s)
     if result.inventory:
         head += "; inventory %s (%s)" % (", ".join(result.inventory), result.inventory_from or "?")
+    if result.started and result.playbook:
+        head += "; Ansible configuration %s" % (result.config or "none (Ansible's defaults)")
     lines = [head]
+    if result.config_ignored:
+        lines.append("not read: %s (its directory is one every user may write; Ansible ignores it too)"
+                     % result.config_ignored)
     for h in result.hosts.values():
         lines.extend(host_block(h, result.playbook, result.elapsed_s))
     if not result.hosts:

@@ -443,6 +443,10 @@ class RunResult:
     inventory: list = field(default_factory=list)
     inventory_from: Optional[str] = None
     elapsed_s: Optional[float] = None
+    # the Ansible configuration file the run read (None: Ansible's defaults), and an ansible.cfg left
+    # unread because the directory it lies in is one every user may write (as Ansible does)
+    config: Optional[str] = None
+    config_ignored: Optional[str] = None
 
     @property
     def exit_code(self) -> int:
@@ -479,7 +483,8 @@ class RunResult:
                    reason=_str(data.get("reason")), started=data.get("started", True) is not False,
                    refused=bool(data.get("refused")), playbook=_str(data.get("playbook")),
                    inventory=[_str(x) for x in data.get("inventory") or []],
-                   inventory_from=_str(data.get("inventory_from")), elapsed_s=_float(data.get("elapsed_s")))
+                   inventory_from=_str(data.get("inventory_from")), elapsed_s=_float(data.get("elapsed_s")),
+                   config=_str(data.get("config")), config_ignored=_str(data.get("config_ignored")))
 
     @property
     def failed_hosts(self) -> list[str]:

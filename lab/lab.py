@@ -613,7 +613,17 @@ def up(ids, unprivileged=False, fresh=False):
         ensure_container(vmid, kinds[vmid])
     ensure_sshd()
     write_facts(ids)
+    record_up(ids)
     log("up: containers %s; try: %s pct exec %s -- nvidia-smi -L" % (" ".join(ids), " ".join(ssh_argv()), ids[0]))
+
+
+def record_up(ids):
+    """Name the containers brought up in the file $DFLASH_LAB_UP_RECORD (one id a line), when set: a
+    lab test session sets it, and takes down exactly those at its end (tests/lab/conftest.py)."""
+    path = os.environ.get("DFLASH_LAB_UP_RECORD")
+    if path:
+        with open(path, "a") as fh:
+            fh.write("".join("%s\n" % vmid for vmid in ids))
 
 
 def down(ids, purge):
@@ -625,6 +635,8 @@ def down(ids, purge):
             os.unlink(pve_config_path(vmid))
         shutil.rmtree(os.path.join(STATE_DIR, "ct", vmid), ignore_errors=True)
         log("container %s removed" % vmid)
+    if ids and os.path.exists(os.path.join(STATE_DIR, "lab.json")):
+        write_facts([])  # lab.json names only the containers that are left
     if not lab_ids():
         pid = sshd_pid()
         if pid:

@@ -31,12 +31,17 @@ def ownership_problems(owned, look=observe):
     return ["%s: %s" % (variable, why) for variable, why in problems(targets)]
 
 
+ACCEPTED_FILE = "a path that is absent or holds what dflash.trainer wrote there"
+ACCEPTED_SEARCH = "an entry root owns and only root may write, in directories only root may write (or leave it out " \
+                  "of trainer_env)"
+
+
 def refusal_message(refused):
     """The failure message for the problems ``ownership_problems`` found."""
     return "refused before any change on the target (%d problem%s):\n%s" % (
-        len(refused), "" if len(refused) == 1 else "s", "\n".join("- %s; accepted: a path that is absent or holds "
-                                                                  "what dflash.trainer wrote there" % r
-                                                                  for r in refused))
+        len(refused), "" if len(refused) == 1 else "s", "\n".join(
+            "- %s; accepted: %s" % (r, ACCEPTED_SEARCH if r.startswith("trainer_env.") else ACCEPTED_FILE)
+            for r in refused))
 
 
 # ---------------------------------------------------------------------------------------------

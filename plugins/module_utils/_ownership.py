@@ -72,7 +72,15 @@ _JSON_KINDS = ("state", "log_start")
 FILE_KINDS = ("launcher", "env", "unit", "log", "log_rotation", "log_start", "lock", "lock_guard", "state", "metrics")
 # a program root runs: its ``path`` is a name (looked up on a PATH) or an absolute path
 PROGRAM = "program"
-KINDS = FILE_KINDS + ("cache", "root", PROGRAM)
+# a directory (or file) a trainer_env search variable makes root's processes load code from
+SEARCH = "search"
+KINDS = FILE_KINDS + ("cache", "root", PROGRAM, SEARCH)
+# trainer_env variables whose value chooses what root's processes (the pre-flight, the launcher, the
+# trainer) run or import: each absolute entry must be root's alone, as a program is. Entries split on
+# ':' (LD_PRELOAD on spaces too); a relative entry is relative to the release, judged with the root.
+SEARCH_VARS = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE",
+               "LD_LIBRARY_PATH", "LD_PRELOAD", "LD_AUDIT", "GCONV_PATH", "BASH_ENV", "ENV", "PERL5LIB", "PERLLIB",
+               "RUBYLIB", "NODE_PATH", "TRITON_LIBCUDA_PATH")
 _WHAT = {
     "launcher": "the launcher", "env": "the environment file", "unit": "the unit file", "log": "the trainer's log",
     "log_rotation": "a rotation of the trainer's log", "log_start": "the log's start-marker record",
@@ -155,7 +163,7 @@ def placement_problem(kind, path):
         if _HOME_DOT_RE.match(path + "/") and not _HOME_CACHE_RE.match(path + "/") and not path.endswith("/.cache"):
             return "lies in a dot-directory of a home (only ~/.cache/... may hold a cache)"
         return None
-    if kind in ("root", PROGRAM):
+    if kind in ("root", PROGRAM, SEARCH):
         return None
     if kind == "metrics" and any(within(path, a) for a in METRICS_PLACES):
         return None
@@ -211,6 +219,25 @@ def _ancestors(real):
         if not stat.S_ISDIR(st.st_mode):
             break
     return out
+
+
+def _literal_links(path):
+    """[(component, uid, 0)] for each symlink on ``path`` as written (not resolved), the path
+    itself included, up to the first one: whoever owns such a link can point it elsewhere later, so
+    its owner is judged as a directory's (its mode means nothing: 0). What it points to is judged
+    by the resolved path's own chain."""
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    for i in range(1, len(parts) + 1):
+        current = "/" + "/".join(parts[:i])
+        try:
+            st = os.lstat(current)
+        except OSError:
+            return []
+        if stat.S_ISLNK(st.st_mode):
+            return [(current, st.st_uid, 0)]
+        if not stat.S_ISDIR(st.st_mode):
+            return []
+    return []
 
 
 def _deepest_existing(real):
@@ -361,6 +388,8 @@ def observe(path, kind, max_names=200):
             facts["mount"] = os.path.ismount(real)
     # every directory above: who could swap the file, or plant one first
     facts["chain"] = _ancestors(real)
+    if kind == SEARCH:  # and a link on the way as written: its owner could point it elsewhere later
+        facts["chain"] = _literal_links(path) + facts["chain"]
     facts["parent_exists"] = bool(facts["chain"]) and facts["chain"][-1][0] == os.path.dirname(real)
     if kind in PERSISTENT_KINDS:
         mount = mount_of(_deepest_existing(real), _read_mountinfo())
@@ -535,7 +564,53 @@ def chain_problem(kind, facts):
 
 
 # what root does with a file of each kind (for the words of a refusal)
-_USE = {"env": "loads", "launcher": "runs", PROGRAM: "runs", "state": "reads", "lock": "takes", "root": "runs from"}
+_USE = {"env": "loads", "launcher": "runs", PROGRAM: "runs", "state": "reads", "lock": "takes", "root": "runs from",
+        SEARCH: "loads code from"}
+
+
+def search_problem(facts):
+    """Why a trainer_env search entry (``facts``: ``observe(path, SEARCH)``) lets another user choose
+    what root runs or imports, or None: the entry itself (when it exists) and every directory above
+    it must be root's and writable by root alone - a sticky shared directory (/tmp) included, where
+    another user could create the entry first."""
+    path = facts.get("path")
+    real = facts.get("real") or path
+    via = "" if real == path else " (it resolves to %s)" % real
+    tail = ": root's processes (the pre-flight, the launcher, the trainer) would run or import what that user " \
+           "puts there; a search entry must be root's alone, in directories only root may write"
+    for directory, uid, mode in facts.get("chain") or []:
+        if uid != _ROOT_UID:
+            return "%s%s is in %s, owned by uid %d (mode %04o)%s" % (path, via, directory, uid, mode, tail)
+        if mode & 0o022:
+            return "%s%s is in %s (mode %04o), which %s can write%s" % (
+                path, via, directory, mode, "every user" if mode & 0o002 else "its group", tail)
+    if facts.get("exists"):
+        uid, mode = facts.get("uid"), facts.get("mode") or 0
+        if uid != _ROOT_UID:
+            return "%s%s belongs to uid %s%s" % (path, via, uid, tail)
+        if mode & 0o022 and facts.get("type") != "symlink":
+            return "%s%s has mode %04o: %s can write it%s" % (
+                path, via, mode, "every user" if mode & 0o002 else "its group", tail)
+    return None
+
+
+def search_entries(env):
+    """``trainer_env`` -> [(label, absolute entry)] of its search variables (SEARCH_VARS), each
+    entry once, in order (label: ``trainer_env.NAME``)."""
+    out = []
+    if not isinstance(env, dict):
+        return out
+    for name in SEARCH_VARS:
+        value = env.get(name)
+        if not isinstance(value, str):
+            continue
+        parts = value.replace(" ", ":").split(":") if name in ("LD_PRELOAD", "LD_AUDIT") else value.split(":")
+        seen = set()
+        for part in parts:
+            if part.startswith("/") and part not in seen:
+                seen.add(part)
+                out.append(("trainer_env.%s" % name, part))
+    return out
 
 
 def _own_problem(facts):
@@ -607,6 +682,8 @@ def judge(variable, kind, facts):
     ``variable``, or None."""
     if kind == PROGRAM:
         return program_problem(facts)
+    if kind == SEARCH:
+        return search_problem(facts)
     real = facts.get("real") or facts.get("path")
     via = "" if real == facts.get("path") else " (it resolves to %s)" % real
     where = placement_problem(kind, real)
@@ -746,4 +823,7 @@ def managed(variables, unit_path=None):
         first = argv[0] if isinstance(argv, list) and argv else None
         if isinstance(first, str) and first and ("/" not in first or first.startswith("/")):
             out.append((name, PROGRAM, program_item(first, search)))
+    # what the environment makes root's processes run or import (PATH, PYTHONPATH, LD_PRELOAD, ...)
+    for label, entry in search_entries(env):
+        out.append((label, SEARCH, entry))
     return out

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -99,3 +100,40 @@ def _lab_shared_state(request):
     with open(os.path.join(LAB_STATE, "tests-shared.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, at the module's end
         yield
+
+
+UP_RECORD = "DFLASH_LAB_UP_RECORD"
+
+
+def pytest_configure(config):
+    """The session's record of the containers it brings up (lab.py up appends to it): set once, by the
+    process that runs the session, and inherited by its xdist workers and every lab.py they start."""
+    if hasattr(config, "workerinput") or os.environ.get(UP_RECORD):
+        return
+    os.makedirs(LAB_STATE, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="tests-up-", suffix=".ids", dir=LAB_STATE)
+    os.close(fd)
+    os.environ[UP_RECORD] = path
+    config._dflash_up_record = path  # pylint: disable=protected-access  # ours: removed at the session's end
+
+
+def pytest_sessionfinish(session):
+    """A lab session takes down the containers it brought up (its record), but the Quick start's
+    (DFLASH_LAB_IDS, default 200 201): after `make test` only those run. Only the process that ran
+    the session does it (not each xdist worker), and only what this session brought up: another
+    session's containers are left alone. DFLASH_LAB_KEEP=1 leaves them all up to look into."""
+    path = getattr(session.config, "_dflash_up_record", None)
+    if path is None:
+        return
+    try:
+        with open(path) as fh:
+            brought = sorted(set(fh.read().split()), key=int)
+    finally:
+        os.unlink(path)
+        os.environ.pop(UP_RECORD, None)
+    keep = set(os.environ.get("DFLASH_LAB_IDS", "200 201").split())
+    ids = [vmid for vmid in brought if vmid not in keep]
+    if not ids or session.config.option.collectonly or os.environ.get("DFLASH_LAB_KEEP") == "1":
+        return
+    subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "down", "--ids", *ids],
+                   check=True, stdout=subprocess.DEVNULL)

@@ -82,8 +82,8 @@ def metrics_if(lab, predicate):
 
 def test_a_death_after_the_proof_is_recorded_reported_and_seen_in_the_metrics(lab, inv):
     inv_path, base = inv
-    src = tree(base, "crash", "FAULT=crash_after\nCRASH_AFTER_STEPS=%d\n" % CRASH_STEPS)
-    res = play(inv_path, "deploy.yml", trainer_src=src)
+    # the metrics follow a trainer that stays up (the crashing one may be gone before a slow deploy even returns)
+    res = play(inv_path, "deploy.yml", trainer_src=tree(base, "good", "# no fault\n"))
     assert res.returncode == 0 and "ready: release" in res.out, res.out[-3000:]
     release = ledger(lab)[-1]["release"]
     assert ledger(lab)[-1]["verdict"] == "proved" and "died" not in ledger(lab)[-1]
@@ -101,9 +101,16 @@ def test_a_death_after_the_proof_is_recorded_reported_and_seen_in_the_metrics(la
     assert later["dflash_trainer_last_verdict"][1]["verdict"] == "proved"
 
     # the death: in the ledger, in the metrics, and status fails naming it
+    src = tree(base, "crash", "FAULT=crash_after\nCRASH_AFTER_STEPS=%d\n" % CRASH_STEPS)
+    res = play(inv_path, "deploy.yml", trainer_src=src)
+    assert res.returncode == 0 and "ready: release" in res.out, res.out[-3000:]
+    assert ledger(lab)[-1]["verdict"] == "proved" and ledger(lab)[-1]["release"] != release
     died = poll("the death in the ledger", lambda: ledger(lab)[-1].get("died"), timeout=60)
+    proof = ledger(lab)[-1]
     assert died["reason"] == "RuntimeError: CUDA error: an illegal memory access was encountered", died
-    assert died["exit"] == "exit status 1" and 5 <= died["after_s"] <= 40, died
+    # after_s is counted from the proof (the ledger's own two times), whatever a loaded machine made of ~15 s
+    assert died["exit"] == "exit status 1" and 0 < died["after_s"], died
+    assert abs(died["after_s"] - (died["time"] - proof["time"])) <= 0.15, (died, proof["time"])
     m = poll("the death in the metrics", lambda: metrics_if(
         lab, lambda m: m.get("dflash_trainer_died_after_proof", (0,))[0] == 1), timeout=20)
     assert m["dflash_trainer_died_after_proof_seconds"][1]["reason"] == died["reason"]
@@ -133,12 +140,16 @@ def test_the_collections_own_restart_is_not_a_death_and_status_passes(lab, inv):
 def test_trainer_watch_s_fails_a_deploy_whose_trainer_dies_in_the_window(lab, inv):
     inv_path, base = inv
     src = tree(base, "crash", "FAULT=crash_after\nCRASH_AFTER_STEPS=%d\n" % CRASH_STEPS)
-    began = time.monotonic()
     res = play(inv_path, "deploy.yml", trainer_src=src, trainer_watch_s=60)
+    ended = time.time()
     assert res.returncode != 0, res.out[-3000:]
     assert "did not stay up for trainer_watch_s=60 s after its proof: died" in res.out, res.out[-3000:]
     assert "RuntimeError: CUDA error" in res.out
-    assert time.monotonic() - began < 60 + 30  # it failed when the trainer died, before the window's end
+    # it failed when the trainer died, before the window's end: timed from the proof the ledger recorded (the same
+    # clock: the container shares the host's), not from the deploy's start, which a loaded machine stretches
+    proof = ledger(lab)[-1]
+    assert proof["verdict"] == "proved" and "died" in proof, proof
+    assert ended < proof["time"] + 60, (ended, proof)
 
 
 def test_a_metrics_file_not_written_by_the_collection_is_refused(lab, inv):

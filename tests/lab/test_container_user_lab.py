@@ -50,6 +50,9 @@ mkdir -p /home/alice/bin /home/alice/dflash /tmp/alice-bin /tmp/alice-root
 for p in /home/alice/bin/alice-check /home/alice/bin/nvidia-smi /tmp/alice-bin/nvidia-smi; do
   printf '%s' "$mark" > "$p"; chmod 0755 "$p"
 done
+mkdir -p /home/alice/py
+printf 'import os\nopen("/tmp/alice-ran-sitecustomize-as-%d" % os.getuid(), "w").close()\n' > /home/alice/py/sitecustomize.py
+printf '%s' "$mark" > /home/alice/bin/python3; chmod 0755 /home/alice/bin/python3
 printf '==> dflash.trainer start invocation=%s release=r pid=1 time=t <==\n' \
   0123456789abcdef0123456789abcdef > /data/shared/trainer.log
 """
@@ -97,6 +100,17 @@ PROBES = [
      {"trainer_preflight_command": ["alice-check"],
       "trainer_env": dict(FAST["trainer_env"], PATH="/home/alice/bin:/usr/sbin:/usr/bin:/sbin:/bin")},
      ["trainer_preflight_command", "alice-check resolves to /home/alice/bin/alice-check, which belongs to uid 1000"]),
+    # the environment chooses what root's processes run or import: every search entry is judged
+    ("path-runs-alices-python3-first",
+     {"trainer_env": dict(FAST["trainer_env"], PATH="/home/alice/bin:/usr/bin:/bin")},
+     ["trainer_env.PATH: /home/alice/bin is in /home/alice, owned by uid 1000 (mode 0755)",
+      "root's processes (the pre-flight, the launcher, the trainer) would run or import what that user puts there"]),
+    ("pythonpath-imports-alices-sitecustomize",
+     {"trainer_env": dict(FAST["trainer_env"], PYTHONPATH="/home/alice/py")},
+     ["trainer_env.PYTHONPATH: /home/alice/py is in /home/alice, owned by uid 1000"]),
+    ("ld-preload-from-a-shared-sticky-dir",
+     {"trainer_env": dict(FAST["trainer_env"], LD_PRELOAD="/tmp/alice-bin/hook.so")},
+     ["trainer_env.LD_PRELOAD: /tmp/alice-bin/hook.so is in /tmp (mode 1777), which every user can write"]),
 ]
 
 

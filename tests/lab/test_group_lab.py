@@ -169,8 +169,11 @@ def test_a_killed_controller_mid_restart_converges_on_the_next_run(lab, proved, 
     proc = subprocess.Popen(argv(inv, src), cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        hit = wait_for(lambda: job_phase(lab, CTS[1])[0] != before and job_phase(lab, CTS[1])[1] in (
-            "starting", "proving"), timeout=120, interval=0.05)
+        def in_start_or_proof():
+            job, phase = job_phase(lab, CTS[1])  # one read: id and phase of one state (two reads halved the poll rate)
+            return job != before and phase in ("starting", "proving")
+
+        hit = wait_for(in_start_or_proof, timeout=120, interval=0.05)
         assert hit, "the members' jobs never started"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)

@@ -46,6 +46,35 @@ def props():
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def start_pair(run, unit, log):
+    """The log's start record and the log itself (inode, first line), read in one command while the
+    launcher is stopped (SIGSTOP to the unit's main process, SIGCONT after): a rotation or reopen
+    can never come between the two reads. Between a new log's marker and its record the launcher
+    may be stopped too: callers poll until the record names the log (``consistent``)."""
+    script = ("pid=$(systemctl show -p MainPID --value {u}.service); kill -STOP \"$pid\" || exit 1; "
+              "cat {l}.start; stat -c %i {l}; head -1 {l}; ls {d}; kill -CONT \"$pid\"")
+    res = run(script.format(u=unit, l=log, d=os.path.dirname(log)), check=False)
+    lines = res.stdout.splitlines()
+    try:
+        record, inode, first, listing = json.loads(lines[0]), int(lines[1]), lines[2], lines[3:]
+    except (IndexError, ValueError):
+        return None
+    return {"record": record, "inode": inode, "first": first, "ls": sorted(listing),
+            "consistent": record.get("inode") == inode}
+
+
+def consistent_start(run, unit, log):
+    """start_pair, polled until the record names the log it sits beside (the launcher rewrites the
+    record right after a new log's marker); fails naming the last reading."""
+    last = []
+
+    def read():
+        last[:] = [start_pair(run, unit, log)]
+        return last[0] and last[0]["consistent"]
+    assert wait_for(read, timeout=10), "the start record never named the log: %r" % last
+    return last[0]
+
+
 def cleanup():
     sh("systemctl stop %s.service; systemctl reset-failed %s.service; umount %s; rm -rf %s %s"
        % (UNIT, UNIT, MNT, BASE, MNT), check=False)
@@ -90,12 +119,13 @@ def test_full_disk_and_removed_log_do_not_stop_the_trainer(launched):
     assert "continued=resumed unlogged_lines=" in sh("cat %s" % LOG).stdout
     sh("rm %s" % LOG)                         # removed under the launcher's feet
     assert wait_for(lambda: "continued=" in sh("head -1 %s" % LOG, check=False).stdout, timeout=10)
-    record = json.loads(sh("cat %s.start" % LOG).stdout)
-    first = sh("head -1 %s" % LOG).stdout
-    assert record["offset"] == 0 and record["inode"] == int(sh("stat -c %%i %s" % LOG).stdout)
-    assert first.startswith("==> dflash.trainer start invocation=%s " % record["invocation"])
+    # the record, the log's inode and first line, and the directory as one reading (start_pair)
+    pair = consistent_start(sh, UNIT, LOG)
+    assert pair["record"]["offset"] == 0
+    assert pair["first"].startswith("==> dflash.trainer start invocation=%s " % pair["record"]["invocation"])
+    # (a record's temporary file may be there for the moment the launcher was stopped in its write)
+    assert [n for n in pair["ls"] if not n.endswith(".tmp")] == ["t.log", "t.log.1", "t.log.start"]
     assert props() == before
-    assert sorted(sh("ls %s" % MNT).stdout.split()) == ["t.log", "t.log.1", "t.log.start"]
 
 
 # --- a container user's links and files (lab container 244, a real uid-1000 user) ------------------
@@ -155,8 +185,10 @@ def test_a_container_users_links_and_files_are_never_written_or_removed():
         # it runs, writes its own log (0640, root's) and start record, and rotates (keep 0) past the person's file
         assert wait_for(lambda: "step=300 " in csh("cat %s" % U_LOG, check=False).stdout, timeout=30)
         assert csh("stat -c '%%u %%a' %s %s.start" % (U_LOG, U_LOG)).stdout.split() == ["0", "640", "0", "640"]
-        record = json.loads(csh("cat %s.start" % U_LOG).stdout)
-        assert record["pid"] == int(pid) and record["inode"] == int(csh("stat -c %%i %s" % U_LOG).stdout)
+        # the record and the log's inode as one reading: the launcher rotates (keep 0) about twice a
+        # second, and a rotation between two separate reads made them disagree on a loaded machine
+        pair = consistent_start(csh, U_UNIT, U_LOG)
+        assert pair["record"]["pid"] == int(pid)
         # the user swaps the log for a link to root's file (one rename: the launcher, rotating, may make a
         # new log at any moment): the launcher refuses to reopen it
         as_user("ln -s %s %s.lnk && mv -T %s.lnk %s" % (VICTIM_PATH, U_LOG, U_LOG, U_LOG))

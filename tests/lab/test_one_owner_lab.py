@@ -113,16 +113,19 @@ def test_a_play_killed_in_a_long_preflight_frees_its_lock_within_one_lease(lab, 
     os.killpg(a.pid, signal.SIGKILL)
     a.communicate(timeout=30)
     killed = time.time()
-    # no renewal after the kill: for more than two of a keeper's renewal intervals (15 / 4 s) the lease
-    # ends within one lease (15 s) of the kill (a renewal would move its end past that), and it is still there
-    assert holds(lambda: (lease_end(lab, CT) or 0) <= killed + 15 + 1, 10, interval=0.5), (lease_end(lab, CT), killed)
+    # no renewal after the kill: for more than three of a keeper's renewal intervals (15 / 4 s) the lease
+    # ends within one lease (15 s) of the kill (a renewal would move its end past that), and it is still there.
+    # The kill reaches the module through the worker's orphan check (0.5 s), the ssh teardown and the module's
+    # reader check (1 s): a renewal just before it arrives is allowed 5 s, not the 1 s only an idle machine met
+    # (one that kept renewing ends past killed + 20 by the window's last read, 12 s on)
+    assert holds(lambda: (lease_end(lab, CT) or 0) <= killed + 15 + 5, 12, interval=0.5), (lease_end(lab, CT), killed)
     assert lease_end(lab, CT) is not None
     assert unit(lab, CT, "MainPID") == pid_before  # killed before the stop: the trainer never stopped
-    began = time.monotonic()
+    # rc 0 is the product's verdict that the lock freed within trainer_lock_wait_s (30 s; else it refuses), not
+    # a wall-clock bound on the whole play
     b = play(inv_path, base, "a", "after-killed-preflight", {"trainer_lock_wait_s": 30})
     out = b.communicate(timeout=300)[0]
     assert b.returncode == 0, out[-3000:]
-    assert time.monotonic() - began < 60
     assert unit(lab, CT, "MainPID") == pid_before and "left running" in out, out[-3000:]
 
 
@@ -135,7 +138,6 @@ def test_a_run_attaches_to_the_job_of_a_killed_play(lab, inv):
     job_id = job_state(lab, CT)["job_id"]
     a.send_signal(signal.SIGKILL)  # the controller dies; its job goes on in the container
     a.communicate(timeout=30)
-    began = time.monotonic()
     b = play(inv_path, base, "a", "after-kill", {})
     out = b.communicate(timeout=300)[0]
     assert b.returncode == 0, out[-3000:]
@@ -143,7 +145,8 @@ def test_a_run_attaches_to_the_job_of_a_killed_play(lab, inv):
     assert "left running" in out  # the job's release, proved: nothing more to do
     state = job_state(lab, CT)
     assert state["job_id"] == job_id and state["done"] and state["result"]["ok"]
-    assert time.monotonic() - began < 60
+    # (attached, not refused until the lease ends: b's lock wait is 0, so a refusal would have failed it above -
+    # the product's verdict, not a wall-clock bound on the play)
 
 
 def test_a_deploy_racing_a_live_plays_job_waits_for_it_and_both_succeed(lab, inv):

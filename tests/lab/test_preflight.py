@@ -79,8 +79,10 @@ def test_release_failing_at_import_is_refused_with_its_output(lab, inv):
 
 def test_gpu_held_by_a_stranger_is_refused_before_the_stop(lab, inv):
     inv_path, base = inv
+    # held until the finally below ends it (a 120 s hold ran out under a deploy that a loaded machine made slower)
     holder = subprocess.Popen(["pct", "exec", CT, "--", "python3", "-c",
-                               "import fakegpu, sys, time; fakegpu.allocate(5, 5000); print('held', flush=True); time.sleep(120)"],
+                               "import fakegpu, sys, time; fakegpu.allocate(5, 5000); print('held', flush=True); "
+                               "time.sleep(86400)"],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -5,6 +5,7 @@ within the stall window; with a step regex that does not fit (the old default) t
 within the stall window naming trainer_step_regex, not at the deadline."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,11 @@ def test_stuck_at_iter_5_fails_within_the_stall_window(lab, inv):
     res, seconds = deploy(inv_path, tree(base, "stuck", LOG_STYLE="iter", FAULT="stall", STALL_AFTER_STEPS=5))
     out = res.stdout
     assert res.returncode != 0
-    assert "no progress for 3." in out and "(last step=5)" in out, out[-3000:]
+    # how long past the 3 s window the verdict came is the proof's poll's timing (a late poll on a loaded
+    # machine says 4.2 s): the verdict is the window it names and a stall longer than it
+    stall = re.search(r"no progress for ([\d.]+) s \(last step=5\): longer than [^;]*?trainer_ready_stall_s=3\b",
+                      " ".join(out.split()))
+    assert stall and float(stall.group(1)) > 3, out[-3000:]
     assert "not ready after" not in out and seconds < 300
 
 
@@ -83,7 +88,10 @@ def test_a_step_regex_that_reads_nothing_fails_within_the_stall_window_naming_it
     out = res.stdout
     assert res.returncode != 0
     assert "the log shows `iter " in out and " tok/s | loss " in out, out[-3000:]
-    assert "` but trainer_step_regex '\\bstep[=: ]\\s*(\\d+)' matched nothing for 3." in out, out[-3000:]
+    # the seconds waited past the 3 s window are the proof's poll's timing, not the verdict (see above)
+    unread = re.search(re.escape("` but trainer_step_regex '\\bstep[=: ]\\s*(\\d+)' matched nothing for ") +
+                       r"([\d.]+) s after", " ".join(out.split()))
+    assert unread and float(unread.group(1)) > 3, out[-3000:]
     assert "after the first line matching trainer_ready_regex: set trainer_step_regex" in out, out[-3000:]
     assert "not ready after" not in out and "no step values" not in out
     assert any("trainer_step_regex" in (e.get("reason") or "") and e["verdict"] != "proved" for e in ledger(lab))

@@ -90,3 +90,32 @@ def test_cli_without_i_leaves_the_inventory_to_the_configuration(monkeypatch, ca
     assert seen["playbook"] == "status" and seen["inventory"] is None and seen["limit"] == "typo"
     out = capsys.readouterr().out
     assert "no host matched" in out and "'typo'" in out
+
+
+def test_an_ansible_cfg_in_a_directory_every_user_may_write_is_never_read(tmp_path, monkeypatch, capsys):
+    """As Ansible: another user's ansible.cfg in /tmp-like directory could name an inventory script
+    that ansible-playbook would run as the operator. The run says which configuration it read."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "ansible.cfg").write_text("[defaults]\ninventory = ./evil.sh\n")
+    shared.chmod(0o1777)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home)}
+    assert api.find_config_file(str(shared), env) in (None, "/etc/ansible/ansible.cfg")
+    assert api.ignored_config_file(str(shared)) == str(shared / "ansible.cfg")
+    kw = api.runner_kwargs("status", private_data_dir="/tmp/pdd", environ=env, cwd=str(shared))
+    assert kw["envvars"].get("ANSIBLE_CONFIG") != str(shared / "ansible.cfg")
+    # the same directory, writable by its owner only: its ansible.cfg is the one read
+    shared.chmod(0o755)
+    assert api.find_config_file(str(shared), env) == str(shared / "ansible.cfg")
+    assert api.ignored_config_file(str(shared)) is None
+    # what the run read, and what it left unread, are in its summary
+    from dflash_trainer import progress
+    from dflash_trainer.results import RunResult
+    result = RunResult(ok=True, rc=0, status="successful", playbook="status", config=None,
+                       config_ignored=str(shared / "ansible.cfg"))
+    text = progress.summary(result)
+    assert "Ansible configuration none (Ansible's defaults)" in text
+    assert "not read: %s (its directory is one every user may write" % (shared / "ansible.cfg") in text
+    assert RunResult.from_dict(result.to_dict()).config_ignored == str(shared / "ansible.cfg")

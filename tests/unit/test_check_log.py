@@ -152,6 +152,26 @@ def test_bad_e_syntax_and_missing_file(capsys, tmp_path):
     assert main(["check-log", str(tmp_path / "bin.log")]) == 2
 
 
+def test_a_fifo_a_device_and_a_directory_are_refused_at_once(capsys, tmp_path):
+    """Never blocked on a FIFO with no writer, never reading /dev/zero until memory runs out."""
+    os.mkfifo(str(tmp_path / "fifo"))
+    for path in (str(tmp_path / "fifo"), "/dev/zero", str(tmp_path)):
+        assert main(["check-log", path]) == 2
+        assert "%s is not a regular file" % path in capsys.readouterr().err
+
+
+def test_a_log_past_the_bound_is_refused_naming_the_cut(monkeypatch, capsys, tmp_path):
+    check_log = sys.modules["dflash_trainer.check_log"]
+    monkeypatch.setattr(check_log, "MAX_LOG_BYTES", 4096)
+    monkeypatch.setattr(check_log, "READ_CHUNK", 1000)
+    big = tmp_path / "big.log"
+    big.write_text("step 1 tok/s 5\n" * 400)  # 5,600 bytes
+    assert main(["check-log", str(big)]) == 2
+    assert "is larger than 0 MiB: give check-log its last part (tail -c" in capsys.readouterr().err
+    big.write_text("step 1 tok/s 5\n" * 200)  # 2,800 bytes: read whole
+    assert check_log.read_text(str(big)).count("\n") == 200
+
+
 def test_vars_file_and_other_variables_are_noted(tmp_path, capsys):
     varfile = tmp_path / "vars.yml"
     varfile.write_text("trainer_error_regexes: ['NO-SUCH-ERROR']\ntrainer_target_hosts: all\n"

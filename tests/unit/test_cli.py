@@ -115,11 +115,12 @@ def test_summary_block_per_host():
     result = build_run_result(events("deploy_restarted_proved"), rc=0, status="successful")
     result.playbook, result.elapsed_s = "deploy", 64.0
     result.inventory, result.inventory_from = ["/srv/inv.yml"], "given (-i)"
+    result.config = "/srv/ansible.cfg"
     plan = [e["event_data"]["res"]["plan"] for e in events("deploy_restarted_proved")
             if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_begin"][0]
     new, old = plan["release"], plan["current"]  # the recorded run's releases
     lines = progress.summary(result).splitlines()
-    assert lines[0] == "summary: deploy, 64 s; inventory /srv/inv.yml (given (-i))"
+    assert lines[0] == "summary: deploy, 64 s; inventory /srv/inv.yml (given (-i)); Ansible configuration /srv/ansible.cfg"
     assert re.match(r"^gpu-host: PROVED \(exit 0\) in [\d.]+ s$", lines[1]), lines  # the host's first to last event
     assert lines[2] == "  release %s (was %s), source its content (trainer_src is not a git checkout)" % (new, old)
     assert re.match(r"^  config [0-9a-f]{8}$", lines[3]), lines  # the same configuration as the release before

@@ -60,6 +60,16 @@ def test_a_new_log_is_0640(root):
     assert stat.S_IMODE((root / "logs" / "t.log.start").stat().st_mode) == 0o640
 
 
+@pytest.mark.parametrize("before, after", [(0o644, 0o640), (0o666, 0o640), (0o600, 0o600), (0o640, 0o640)])
+def test_an_adopted_log_gets_no_more_than_the_logs_mode(root, before, after):
+    log = root / "logs" / "t.log"
+    log.write_text("an earlier start's lines\n")
+    log.chmod(before)
+    assert launch(root).returncode == 0
+    assert stat.S_IMODE(log.stat().st_mode) == after
+    assert log.read_text().startswith("an earlier start's lines\n")  # adopted, appended to
+
+
 def test_a_log_that_is_a_symlink_is_not_written_through(root, tmp_path):
     target = victim(tmp_path)
     (root / "logs" / "t.log").symlink_to(target)

@@ -6,6 +6,7 @@ import os
 import pathlib
 import shutil
 import stat
+import sys
 import tempfile
 
 import pytest
@@ -205,6 +206,22 @@ def tmp_path():
         yield pathlib.Path(base)
     finally:
         shutil.rmtree(base)
+
+
+@pytest.fixture(autouse=True)
+def node_python(monkeypatch):
+    """The module judges the interpreter it runs in as the node's python; the one these tests run
+    in lies wherever the checkout does (a clone under /tmp: a directory every user may write). The
+    module is given a python of the test's own, in a root-only directory of its own."""
+    base = tempfile.mkdtemp(prefix="dflash-node-python-", dir=os.path.expanduser("~"))
+    os.chmod(base, 0o700)
+    python = os.path.join(base, "python3")
+    with open(python, "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(python, 0o755)
+    monkeypatch.setattr(sys, "executable", python)
+    yield python
+    shutil.rmtree(base)
 
 
 def node_smi(tmp_path, apps):

@@ -567,3 +567,57 @@ def test_managed_lists_the_programs_root_runs():
         ("trainer_nvidia_smi", "nvidia-smi"), ("trainer_command", "/opt/venv/bin/python")]
     v = {"trainer_command": ["python3"]}
     assert o.program_lookup([p for _v, k, p in o.managed(v) if k == o.PROGRAM][-1]) == ("python3", o.SYSTEMD_PATH)
+
+
+# -- the environment's search paths (trainer_env PATH, PYTHONPATH, LD_PRELOAD, ...) --------------------
+
+def test_managed_lists_every_absolute_search_entry_of_the_environment():
+    v = {"trainer_env": {"PATH": "/opt/conda/bin::/usr/bin:bin", "PYTHONPATH": "/srv/lib:/srv/lib",
+                         "LD_PRELOAD": "/opt/a.so /opt/b.so:libc.so", "HF_TOKEN": "/not/a/search/path",
+                         "BASH_ENV": "/etc/dflash.bashrc"}}
+    assert [(var, p) for var, k, p in o.managed(v) if k == o.SEARCH] == [
+        ("trainer_env.PATH", "/opt/conda/bin"), ("trainer_env.PATH", "/usr/bin"),
+        ("trainer_env.PYTHONPATH", "/srv/lib"), ("trainer_env.LD_PRELOAD", "/opt/a.so"),
+        ("trainer_env.LD_PRELOAD", "/opt/b.so"), ("trainer_env.BASH_ENV", "/etc/dflash.bashrc")]
+    assert [k for _v, k, _p in o.managed({"trainer_env": {"PATH": 7}})].count(o.SEARCH) == 0
+
+
+def test_a_root_search_directory_is_accepted_and_an_absent_one_under_root_too(tmp_path):
+    (tmp_path / "lib").mkdir(mode=0o755)
+    for path in (tmp_path / "lib", tmp_path / "none", tmp_path / "lib" / "none"):
+        assert o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(path), o.SEARCH)) is None
+    assert o.judge("trainer_env.PATH", o.SEARCH, o.observe("/usr/bin", o.SEARCH)) is None
+
+
+def test_a_search_directory_another_user_owns_or_may_write_is_refused_naming_it(tmp_path):
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    as_user(home / "bin", mode=0o755)
+    why = o.judge("trainer_env.PATH", o.SEARCH, o.observe(str(home / "bin"), o.SEARCH))
+    assert why.startswith("%s belongs to uid 1000: root's processes (the pre-flight, the launcher, the trainer) "
+                          "would run or import what that user puts there" % (home / "bin"))
+    # a directory of root's inside one the user owns: the user can rename it away and put their own there
+    as_user(home, mode=0o755)
+    os.chown(str(home / "bin"), os.geteuid(), 0)
+    why = o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(home / "bin"), o.SEARCH))
+    assert why.startswith("%s is in %s, owned by uid 1000" % (home / "bin", home))
+    # absent, under a directory every user may write (as /tmp): another user can create it first
+    os.chown(str(home), os.geteuid(), 0)
+    os.chmod(str(home), 0o1777)
+    why = o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(home / "site"), o.SEARCH))
+    assert why.startswith("%s is in %s (mode 1777), which every user can write" % (home / "site", home))
+    os.chmod(str(home), 0o755)
+    os.chmod(str(home / "bin"), 0o775)
+    assert "has mode 0775: its group can write it" in o.judge("v", o.SEARCH, o.observe(str(home / "bin"), o.SEARCH))
+
+
+def test_a_search_entry_through_another_users_link_is_refused(tmp_path):
+    """The link's owner could point it elsewhere after the check: judged as written, not only resolved."""
+    (tmp_path / "real").mkdir(mode=0o755)
+    link = tmp_path / "lib"
+    link.symlink_to(tmp_path / "real")
+    assert o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(link), o.SEARCH)) is None  # root's link
+    os.lchown(str(link), 1000, 1000)
+    why = o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(link / "sub"), o.SEARCH))
+    assert why.startswith("%s (it resolves to %s) is in %s, owned by uid 1000" % (link / "sub", tmp_path / "real" / "sub",
+                                                                                 link))
