@@ -566,6 +566,8 @@ def with_ansible_output(watcher, stream=None):
         data = event.get("event_data") if isinstance(event.get("event_data"), dict) else {}
         if event.get("event") == "runner_retry" and progress._is(progress._action(data), "trainer_restart"):
             text = None  # "FAILED - RETRYING: ... Watch the restart job": the phase line says what it waits for
+        if watcher is not None and event.get("event") == "verbose" and progress.WATCH_MARK in str(text or ""):
+            text = None  # the watch's own phase line: the progress line says it (once)
         if text:
             stream.write(text + "\n")
             stream.flush()

@@ -15,6 +15,8 @@ from typing import Callable, Optional, TextIO
 from .results import HostResult, RunResult
 
 COLLECTION = "dflash.trainer"
+# what the watch of a restart job says of each phase (plugins/action/trainer_restart.py): "[host] restart job: ..."
+WATCH_MARK = "] restart job: "
 
 
 def _rich_console(stream: TextIO):
@@ -76,6 +78,11 @@ class Progress:
             task = data.get("task") or action
             if task:
                 self.say("step: %s" % task, style="bold")
+        elif name == "verbose" and WATCH_MARK in str(event.get("stdout") or ""):
+            # the watch task's own lines (plugins/action/trainer_restart.py): "[host] restart job: <phase ...>"
+            text = str(event.get("stdout")).strip()
+            host, _sep, said = text.partition(WATCH_MARK)
+            self.say("  %s: restart job: %s" % (host.strip().lstrip("["), said.strip()), style="cyan")
         elif name == "runner_retry":
             if _is(action, "trainer_restart"):
                 self._phase(res.get("phase") or "?")

@@ -6,9 +6,19 @@ module, its payload kept between runs (plugins/plugin_utils/_payload_cache.py)."
 from __future__ import annotations
 
 from ansible.plugins.action.normal import ActionModule as NormalAction
+from ansible.utils.display import Display
 
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
+from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import say_start
+
+display = Display()
 
 
 class ActionModule(KeptPayload, NormalAction):
-    """dflash.trainer.trainer_begin, run as ansible.builtin.normal runs a module."""
+    """dflash.trainer.trainer_begin, run as ansible.builtin.normal runs a module; the phases of a restart job
+    it started (and watched for its first wait) said as the watch says them."""
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        say_start(display, (task_vars or {}).get("inventory_hostname", "?"), result.get("job_start"))
+        return result

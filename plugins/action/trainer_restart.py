@@ -2,13 +2,56 @@
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Controller side of dflash.trainer.trainer_restart (documented in the module): Ansible's own run of the
-module, its payload kept between runs (plugins/plugin_utils/_payload_cache.py)."""
+module, its payload kept between runs (plugins/plugin_utils/_payload_cache.py).
+
+With O(state=wait) and ``watch_calls`` (the controller's own option, never sent to the target): the
+task watches the job to its end, in up to that many calls of O(wait_s) each, and says each phase as
+it begins and what it waits for (plugin_utils/_watch.py) - one task instead of an until loop, whose
+retries Ansible shows as "FAILED - RETRYING"."""
 from __future__ import annotations
 
+import time
+
+from ansible.errors import AnsibleActionFail
 from ansible.plugins.action.normal import ActionModule as NormalAction
+from ansible.utils.display import Display
 
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
+from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import lines, say_start
+
+display = Display()
 
 
 class ActionModule(KeptPayload, NormalAction):
-    """dflash.trainer.trainer_restart, run as ansible.builtin.normal runs a module."""
+    """dflash.trainer.trainer_restart, run as ansible.builtin.normal runs a module; a watch to the end."""
+
+    def run(self, tmp=None, task_vars=None):
+        args = dict(self._task.args)
+        calls = args.pop("watch_calls", None)
+        host = (task_vars or {}).get("inventory_hostname", "?")
+        if calls is None or args.get("state") != "wait":
+            result = super().run(tmp, task_vars)
+            if args.get("state") in ("start", "stop"):  # the first watch rides with the start: its phases
+                say_start(display, host, result)
+            return result
+        try:
+            calls = int(calls)
+        except (TypeError, ValueError):
+            raise AnsibleActionFail("watch_calls must be a number of calls, got %r" % (calls,)) from None
+        # O(seen): the phases the call that started the job has said already
+        seen, said, said_at, result, waited, attempts = int(args.get("seen") or 0), "", None, {}, 0, 0
+        # a call that came back with a new phase did not wait out O(wait_s): only full waits count
+        while waited < max(calls, 1):
+            result = self._execute_module(module_name="dflash.trainer.trainer_restart",
+                                          module_args=dict(args, seen=seen), task_vars=task_vars)
+            attempts += 1
+            before = seen
+            said_lines, seen, said, said_at = lines(result, seen, said, time.monotonic(), said_at)
+            for line in said_lines:
+                display.display("[%s] restart job: %s" % (host, line))
+            if result.get("finished") or result.get("failed") or result.get("unreachable"):
+                break
+            if seen == before:
+                waited += 1
+        result["attempts"] = attempts
+        return result

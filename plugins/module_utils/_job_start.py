@@ -38,7 +38,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps impo
     wait_report,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import enable_unit, run_stop
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import WAITING, poll_until
 
 # how often a watch reads the job's state file (a small JSON file and /proc/<pid>/stat): the job's outcome
 # reaches the controller within this of the job writing it
@@ -149,7 +149,24 @@ def start_job(module, p, runner):
 
 
 def wait_for_job(p, clock=time.monotonic, sleep=time.sleep):
-    """Watch the job ``p["job_id"]`` for ``p["wait_s"]`` -> (ok, fields) of O(state=wait)."""
-    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive), job_ended(p["job_id"]), p["wait_s"],
-                     JOB_POLL_S, clock=clock, sleep=sleep)
+    """Watch the job ``p["job_id"]`` for ``p["wait_s"]`` -> (ok, fields) of O(state=wait); with
+    ``p["seen"]`` (the phases the watcher has shown), back as soon as a phase more has begun."""
+    out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive),
+                     new_phase(job_ended(p["job_id"]), p.get("seen")), p["wait_s"], JOB_POLL_S, clock=clock,
+                     sleep=sleep)
     return wait_report(out, p["state_path"])
+
+
+def new_phase(judge, seen):
+    """``judge`` (of ``job_ended``), ending the wait as soon as the job's timeline holds more than
+    ``seen`` phases (None: only at the end or the deadline) - a wait that ends so is not finished."""
+    if seen is None:
+        return judge
+
+    def judge_new(observed, elapsed):
+        verdict = judge(observed, elapsed)
+        state = observed[0] or {}
+        if verdict.state == WAITING and len(state.get("timeline") or ()) > seen:
+            return verdict._replace(deadline=elapsed)  # ends this round, undecided: the watcher shows it
+        return verdict
+    return judge_new

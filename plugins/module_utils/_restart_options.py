@@ -33,6 +33,8 @@ RESTART_OPTIONS = dict(
     job_id=dict(type="str", required=True),
     state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
     wait_s=dict(type="float"),
+    seen=dict(type="int"),
+    watch_calls=dict(type="int"),
     preflight=dict(type="dict", options=PREFLIGHT_SUBOPTIONS),
     environment_json=dict(type="str", default="{}", no_log=True),
     install=dict(type="dict", options=INSTALL_SUBOPTIONS),

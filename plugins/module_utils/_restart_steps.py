@@ -350,10 +350,16 @@ def job_ended(job_id):
 
 
 def wait_report(out, state_path):
-    """What state=wait returns for the waiter's outcome ``out`` of ``job_ended`` -> (ok, fields)."""
+    """What state=wait returns for the waiter's outcome ``out`` of ``job_ended`` -> (ok, fields), with
+    the job's timeline ([phase, seconds since it began], ...) and what its phase waits for, for the
+    watcher's lines."""
+    state = (out.snapshot or (None, None))[0] or {}
+    seen = dict(timeline=state.get("timeline") or [], waiting=state.get("waiting") or "")
     if out.state == DONE:
-        return summary(out.value.get("result") or {}, job=outcome_words(out.value))
+        ok, fields = summary(out.value.get("result") or {}, job=outcome_words(out.value))
+        return ok, dict(fields, **seen)
     if out.state == FAILED:
         return False, dict(msg="%s (state %s)" % (out.words, state_path), finished=True,
-                           phase=out.value.get("phase"), result={})
-    return True, dict(changed=False, finished=False, phase=out.words, job=outcome_words(out.value) if out.value else "")
+                           phase=out.value.get("phase"), result={}, **seen)
+    return True, dict(changed=False, finished=False, phase=out.words, job=outcome_words(out.value) if out.value else "",
+                      **seen)

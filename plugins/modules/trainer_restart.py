@@ -64,6 +64,18 @@ options:
       - With O(state=start), how long to wait for it once it started (default 0 - return once it recorded
         itself). A restart that ends within it needs no O(state=wait) call.
     type: float
+  seen:
+    description:
+      - With O(state=wait), how many phases of the job's timeline the watcher has shown; the call comes back
+        as soon as a phase more has begun (not finished), or at the end of O(wait_s).
+    type: int
+  watch_calls:
+    description:
+      - With O(state=wait), the controller watches the job to its end in one task, in up to this many calls
+        of O(wait_s) (a call that comes back with a new phase is not counted), and says each phase as it
+        begins and what it waits for - instead of an C(until) loop's "FAILED - RETRYING". Handled by the
+        action plugin; the target never sees it.
+    type: int
   environment_json:
     description: The unit's environment for O(preflight), JSON (a secret, never logged).
     type: str
@@ -375,6 +387,19 @@ phase:
   description: The job's phase (stopping, draining, purging, starting, proving, rolling back, done, ...).
   returned: always
   type: str
+timeline:
+  description: The job's phases so far, each C([phase, seconds since the job began]) (O(state=wait)).
+  returned: with state=wait
+  type: list
+  elements: list
+waiting:
+  description: What the job's phase still waits for (GPUs held so far, the step reached, the proof's hold), or empty.
+  returned: with state=wait
+  type: str
+attempts:
+  description: How many watch calls the task made (O(watch_calls)).
+  returned: with state=wait and watch_calls
+  type: int
 result:
   description: The job's result, also kept in its state file (its keys are declared in module_utils/_job_result.py).
   returned: when finished

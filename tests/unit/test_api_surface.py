@@ -258,3 +258,6 @@ def test_progress_shows_phases_and_hides_ansibles_retry_lines():
                            "  restart job: purging (30 s)", "  restart job: starting (40 s)",
                            "  restart job: proving (50 s)", "  restart job: proving (80 s)"]  # a heartbeat each 30 s
     assert "Watch the restart job" not in err.getvalue() and "Wait for x" in err.getvalue()
+    # the watch task's own lines (one task, no retries): said once, by the progress line
+    handle({"event": "verbose", "stdout": "[h] restart job: done (at 9.5 s)"})
+    assert p.lines[-1] == "  h: restart job: done (at 9.5 s)" and "done (at 9.5 s)" not in err.getvalue()

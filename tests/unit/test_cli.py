@@ -83,6 +83,15 @@ class Clock:
         return self.t
 
 
+def test_progress_says_the_watch_tasks_own_phase_lines():
+    out, clock = io.StringIO(), Clock()
+    p = progress.Progress(out, clock=clock)
+    p({"event": "verbose", "stdout": "[gpu-host] restart job: draining (at 1.2 s)\r\n"})
+    p({"event": "verbose", "stdout": "[gpu-host] restart job: proving: GPUs held 3/8"})
+    p({"event": "verbose", "stdout": "some other line of Ansible's"})
+    assert p.lines == ["  gpu-host: restart job: draining (at 1.2 s)", "  gpu-host: restart job: proving: GPUs held 3/8"]
+
+
 def test_progress_says_each_step_and_the_restart_jobs_phase():
     out, clock = io.StringIO(), Clock()
     p = progress.Progress(out, clock=clock)

@@ -227,7 +227,7 @@ def test_the_watch_of_the_restart_job_reports_its_phase_at_its_deadline(tmp_path
     clock = Clock()
     ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=1), clock=clock, sleep=clock.sleep)
     assert ok and fields == dict(changed=False, finished=False, phase="proving, holding",
-                                 job=outcome_words(json.load(open(path))))
+                                 job=outcome_words(json.load(open(path))), timeline=[], waiting="holding")
     # a look every JOB_POLL_S (0.02 s: the outcome reaches the controller within it)
     assert sum(clock.slept) == pytest.approx(1.0) and max(clock.slept) == pytest.approx(_job_start.JOB_POLL_S)
 
@@ -241,6 +241,30 @@ def test_the_watch_of_the_restart_job_reports_its_phase_at_its_deadline(tmp_path
     monkeypatch.setattr(_job_start, "job_alive", lambda state: False)
     ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=30), clock=clock, sleep=clock.sleep)
     assert not ok and fields["msg"] == "restart job j1 died in phase stopping without an outcome (state %s)" % path
+
+
+def test_a_watch_that_has_seen_some_phases_comes_back_at_the_next_one(tmp_path, monkeypatch):
+    path = str(tmp_path / "restart.json")
+    timeline = [["stopping", 0.1], ["draining", 1.2]]
+    job_state(path, job_id="j1", phase="draining", pid=1, timeline=timeline)
+    monkeypatch.setattr(_job_start, "job_alive", lambda state: True)
+    clock = Clock()
+    start = clock.t
+
+    def next_phase(t):
+        if t - start >= 3:
+            job_state(path, job_id="j1", phase="starting", pid=1, timeline=timeline + [["starting", 4.0]])
+    clock.on_sleep = next_phase
+    ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=10, seen=2), clock=clock,
+                                         sleep=clock.sleep)
+    assert ok and not fields["finished"] and fields["timeline"][-1] == ["starting", 4.0]
+    assert 3 <= sum(clock.slept) < 3.1  # back at the new phase, not at the end of wait_s
+    # seen covers every phase so far: the call waits out wait_s
+    clock.slept[:] = []
+    clock.on_sleep = None
+    ok, fields = _job_start.wait_for_job(dict(state_path=path, job_id="j1", wait_s=10, seen=3), clock=clock,
+                                         sleep=clock.sleep)
+    assert ok and not fields["finished"] and sum(clock.slept) == pytest.approx(10.0)
 
 
 def test_status_waits_for_an_interrupted_plays_job_then_says_what_it_did(tmp_path, monkeypatch):

@@ -1,0 +1,57 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The watch of a restart (or stop) job from the controller, as lines a person reads while it runs.
+
+The job keeps its timeline ([phase, seconds since it began], ...) and what its phase still waits
+for (the GPUs held so far, the step reached, the proof's hold) in its state file; each watch call
+(``trainer_restart`` O(state=wait) with O(seen)) comes back as soon as a phase more has begun, or
+after its wait. ``lines`` turns what one call returned into the lines not said yet: one per new
+phase, with when it began, and what the phase waits for each time that changes - instead of
+Ansible's "FAILED - RETRYING" of an until loop, which says nothing of what happens.
+"""
+from __future__ import annotations
+
+# a phase's "waiting" text is said again after this long even when unchanged (a long proof shows life)
+REPEAT_S = 30.0
+
+
+def _seconds(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def lines(result, seen, said, now, said_at):
+    """What to say for one watch call's ``result`` -> (lines, seen, said, said_at).
+
+    ``seen``: how many timeline entries were said before; ``said``: the last "waiting" text said,
+    at ``said_at`` (controller seconds; ``now`` is the time of this call)."""
+    out = []
+    timeline = result.get("timeline") if isinstance(result.get("timeline"), list) else []
+    for entry in timeline[seen:]:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2 or entry[0] == "finished":
+            continue  # ("finished": the record's own last entry, after "done")
+        at = _seconds(entry[1])
+        out.append("%s%s" % (entry[0], "" if at is None else " (at %.1f s)" % at))
+    seen = max(seen, len(timeline))
+    waiting = str(result.get("waiting") or "")
+    if result.get("finished"):
+        job = str(result.get("job") or "").strip()
+        if job:  # "restart job ID (who, when) ended: ..." -> "ended: ..." (the line says whose job)
+            out.append(job[job.index(" ended: ") + 1:] if " ended: " in job else job)
+    elif waiting and (waiting != said or said_at is None or now - said_at >= REPEAT_S):
+        last = timeline[-1][0] if timeline and isinstance(timeline[-1], (list, tuple)) and timeline[-1] else "?"
+        out.append("%s: %s" % (last, waiting))
+        said, said_at = waiting, now
+    return out, seen, said, said_at
+
+
+def say_start(display, host, result):
+    """The phases of a job that a start call watched (``result``: trainer_restart O(state=start), or
+    trainer_begin's ``job_start``), said as the watch says them; the watch task goes on from there
+    (O(seen): the length of that timeline)."""
+    if isinstance(result, dict) and result.get("started"):
+        for line in lines(result, 0, "", 0.0, None)[0]:
+            display.display("[%s] restart job: %s" % (host, line))
