@@ -349,6 +349,7 @@ def _add_extra_vars(p, dest="extra_vars"):
 
 def _add_target(p, progress_lines=True):
     p.add_argument("-l", "--limit", help="host pattern (ansible-playbook -l)")
+    p.add_argument("host", nargs="?", metavar="HOST", help="host pattern, the same as -l HOST")
     p.add_argument("-i", "--inventory",
                    help="inventory path or host list (default: the configured inventory, as ansible-playbook)")
     _add_extra_vars(p)
@@ -509,6 +510,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if unknown:
         sub.error(unknown_words(parser, args.action, unknown))
     merge_pre_options(parser, args)
+    if getattr(args, "host", None):  # `status gpu-host` is `status -l gpu-host`
+        if args.limit and args.limit != args.host:
+            sub.error("the host pattern is given twice (%s and -l %s): give one" % (args.host, args.limit))
+        args.limit = args.host
+    if hasattr(args, "host"):
+        del args.host
 
     extravars: dict = {}
     try:

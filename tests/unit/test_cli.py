@@ -424,3 +424,21 @@ def test_e_reads_like_ansible_playbook():
     assert parse_extravar('msg="two words" n=1') == {"msg": "two words", "n": "1"}
     with pytest.raises(ValueError):
         parse_extravar("a=1 novalue")
+
+
+def test_a_host_after_the_command_is_the_limit(monkeypatch, capsys):
+    """`dflash-trainer status gpu-host` (what a first run types) is `status -l gpu-host`; both at once,
+    different, is refused naming them."""
+    seen = {}
+
+    def fake(limit, **kw):
+        seen["limit"] = limit
+        return api.RunResult(ok=True, rc=0, status="successful", playbook="status")
+    monkeypatch.setattr(api, "status", fake)
+    main(["status", "gpu-host", "-q"])
+    assert seen["limit"] == "gpu-host"
+    main(["status", "-l", "gpu-host", "gpu-host", "-q"])
+    assert seen["limit"] == "gpu-host"
+    with pytest.raises(SystemExit) as e:
+        main(["status", "gpu-host", "-l", "other"])
+    assert e.value.code == 2 and "the host pattern is given twice (gpu-host and -l other)" in capsys.readouterr().err
