@@ -21,6 +21,13 @@ from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import 
     memory_by_index,
     read_gpus,
 )
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_elsewhere import (
+    LOOK_AFTER_S,
+    LOOK_EVERY_S,
+    Finder,
+    cgroup_pids,
+    log_shows_progress,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import (
     ProgressAnalysis,
     ProgressFileReader,
@@ -344,7 +351,19 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
 
     def snapshot(props, gpus, elapsed):
         return Snapshot(now=elapsed, unit=props, gpus_mib=ours(memory_by_index(gpus), baseline),
-                        log=analysis(), step_seen_at=seen["step_at"], log_ready_at=seen["ready_at"])
+                        log=analysis(), step_seen_at=seen["step_at"], log_ready_at=seen["ready_at"],
+                        elsewhere=look_elsewhere(props, elapsed))
+
+    # a log without progress: where the trainer writes it (_progress_elsewhere), looked for now and then
+    finder = None if progress else Finder(exclude=[log_path, log_path + ".start"])
+
+    def look_elsewhere(props, elapsed):
+        if finder is None or log_shows_progress(analysis()) or elapsed < LOOK_AFTER_S:
+            return None
+        if finder.found is None and (seen.get("looked") is None or elapsed - seen["looked"] >= LOOK_EVERY_S):
+            seen["looked"] = elapsed
+            finder.look(cgroup_pids(props.get("ControlGroup")))
+        return finder.found
 
     def judge_proof(observed, elapsed):
         if observed is None:  # only the log was read: the last observation's verdict stands

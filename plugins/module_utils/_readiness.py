@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_elsewhere import FAIL_AFTER_S as ELSEWHERE_FAIL_AFTER_S
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_elsewhere import elsewhere_words, log_shows_progress
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     exit_description,
     int_prop,
@@ -104,6 +106,9 @@ class Snapshot:
     log: object = None
     step_seen_at: float = None
     log_ready_at: float = None
+    # (path, line): a file the trainer writes whose lines read as progress while this start's log
+    # shows none (``_progress_elsewhere``); None: none found, or not looked for
+    elsewhere: tuple = None
 
 
 def read_at(seen, before, now):
@@ -693,6 +698,13 @@ class Judge(object):
         if unread:
             return self._fail(snap, unread)
 
+        # 6b. progress that goes to a file of the trainer's, not to this log: said, and the verdict by
+        # FAIL_AFTER_S (never the whole ready timeout for a trainer whose progress is elsewhere)
+        elsewhere = snap.elsewhere if snap.elsewhere and not log_shows_progress(log) else None
+        if elsewhere and snap.now - self.start >= ELSEWHERE_FAIL_AFTER_S:
+            return self._fail(snap, "no progress in this start's log after %s s: %s" % (
+                fmt_s(snap.now - self.start), elsewhere_words(elsewhere)))
+
         # 7. the hold window: it begins when the last condition came to hold - when the log showed it (its
         # conditions, or the rise after a late poll), if the unit's and the GPUs' held at the observation before
         state_missing_now = state_missing(expect, snap)
@@ -730,8 +742,12 @@ class Judge(object):
                 else:
                     missing = ["the step counter rose %d times during the hold window, %d needed (step=%s)" % (
                         self.hold_rises, MIN_HOLD_RISES, step)]
+            if elsewhere:
+                missing = missing + [elsewhere_words(elsewhere)]
             return self._fail(snap, "not ready after %s s (%s): %s" % (
                 fmt_s(expect.timeout_s), setting("timeout_s", expect.timeout_s), "; ".join(missing)), missing)
+        if elsewhere:
+            missing = missing + [elsewhere_words(elsewhere)]
         return Verdict(PENDING, "; ".join(missing) if missing else "holding", {"missing": missing})
 
     def _ready(self, snap):

@@ -34,6 +34,7 @@ SHOW_PROPERTIES = (
     "FragmentPath",
     "UnitFileState",
     "Description",
+    "ControlGroup",
 )
 
 # Unit properties worth showing a human when a start fails.

@@ -138,3 +138,44 @@ def test_a_progress_path_the_collection_writes_is_refused_before_any_change(lab,
     assert "trainer_progress_path: is the same file as trainer_log_path" in res.stdout, res.stdout[-3000:]
     assert "refused before any change" in res.stdout
     assert lab.ct(CT, "systemctl", "show", "-p", "InvocationID,ActiveState", UNIT).stdout == unit_before
+
+
+# A trainer that prints one line and writes its progress as JSONL records to a file of its own
+JSONL = OWN_DIR + "/metrics.jsonl"
+JSONL_PY = '''import json, os, re, subprocess, sys
+os.makedirs("%(dir)s", exist_ok=True)
+print("training; metrics go to %(path)s", flush=True)
+here = os.path.dirname(os.path.abspath(__file__))
+child = subprocess.Popen([sys.executable, os.path.join(here, "trainer.py")], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+with open("%(path)s", "a") as out:
+    for line in child.stdout:
+        m = re.search(r"step=(\\d+) .*tok/s=([\\d.]+)", line)
+        if m:
+            out.write(json.dumps({"step": int(m.group(1)), "tok_s": float(m.group(2))}) + "\\n")
+            out.flush()
+sys.exit(child.wait())
+''' % {"dir": OWN_DIR, "path": JSONL}
+
+
+def test_progress_written_elsewhere_is_named_with_its_setting_long_before_the_deadline(lab, inv):
+    """With the default ready timeout (900 s), a trainer whose progress goes only to its own JSONL file
+    gets its verdict within FAIL_AFTER_S (90 s) of the start, naming the file and the setting - not at
+    the deadline; with that setting it is proved."""
+    inv_path, src = inv
+    jsonl_src = os.path.join(os.path.dirname(src), "trainer-jsonl")
+    shutil.copytree(src, jsonl_src)
+    with open(os.path.join(jsonl_src, "jsonl.py"), "w") as fh:
+        fh.write(JSONL_PY)
+    with open(os.path.join(jsonl_src, "run.sh"), "w") as fh:
+        fh.write('#!/bin/bash\nexec python3 "$(dirname "$(readlink -f "$0")")/jsonl.py" "$@"\n')
+    res = play(inv_path, "deploy.yml", trainer_src=jsonl_src, trainer_ready_timeout_s=900, trainer_force_restart=True)
+    out = " ".join(res.stdout.split())
+    assert res.returncode != 0, out[-4000:]
+    assert "not ready after 900 s" not in out, out[-4000:]
+    assert "the trainer writes its progress to %s, not to this start's log" % JSONL in out, out[-4000:]
+    assert "prove from it with -e trainer_progress_path=%s" % JSONL in out, out[-4000:]
+    # the setting it named proves it
+    res = play(inv_path, "deploy.yml", trainer_src=jsonl_src, trainer_progress_path=JSONL, trainer_force_restart=True)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert ledger(lab)[-1]["verdict"] == "proved"
