@@ -35,6 +35,7 @@ import os
 import re
 import stat
 
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import way_problem
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import FIGURE, parse_figure
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_ERROR_REGEXES,
@@ -249,6 +250,12 @@ def trust_problem(path, st, parent_st=None):
         return ("the progress file %s is in %s (uid %d, mode %04o), which other users than root may write: the "
                 "file could be swapped; keep it in a directory only root can write" % (
                     path, os.path.dirname(path) or ".", parent_st.st_uid, stat.S_IMODE(parent_st.st_mode)))
+    # the way to it as written, not only its resolved directory: a link or directory of another user's
+    # on the way lets that user send the proof to a file of their choice later
+    why = way_problem(path) if os.path.isabs(path) else None
+    if why:
+        return ("the progress file %s %s: the file could be swapped; every directory and link on the way to it "
+                "must be root's, writable by root alone" % (path, why))
     return None
 
 
