@@ -394,6 +394,14 @@ def shown(text: str, width: int = 0) -> str:
     return out
 
 
+class _Unbounded(object):
+    """A collection whose log reader has no ``LineBound``: its lines are searched without a time bound."""
+
+    def line(self, _where):
+        import contextlib
+        return contextlib.nullcontext()
+
+
 class LineReader(object):
     """What one line showed the proof's log reader: the change it made to the analysis (a new
     step high, a tok/s figure, a ready line, an error), plus the step value the step regex reads
@@ -402,6 +410,7 @@ class LineReader(object):
     def __init__(self, coll: Collection, opts: dict):
         self.T = coll.trainer_log
         self.step_re = re.compile(opts["step_regex"])
+        self.bound = self.T.LineBound() if hasattr(self.T, "LineBound") else _Unbounded()
         self.strip = getattr(self.T, "strip_ansi", lambda line: line)
         self.looks = getattr(self.T, "looks_like_progress", None)
 
@@ -415,7 +424,9 @@ class LineReader(object):
         before = before if before is not None else after
         text = self.strip(r.text)
         r.step_counted = after[0] > before[0]
-        m = self.step_re.search(text)
+        # as the proof's reader searches a line: its first MATCH_CHARS characters, under the line's time bound
+        with self.bound.line(lambda: ("trainer_step_regex", self.step_re.pattern)):
+            m = self.step_re.search(text[:getattr(self.T, "MATCH_CHARS", len(text))])
         if m:
             step, total, problem = self.T.step_value(m)
             if problem is None:
@@ -588,8 +599,10 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
     # when each line reaches the log: before our start at once, ours on the clock, after it never
     arrive = [0.0] * first + times + [math.inf] * (len(readings) - ours_end)
 
+    feeding = [None]  # the line being read
+
     def feed_one(i, after=False):
-        r = readings[i]
+        r = feeding[0] = readings[i]
         analysis = follower.analysis
         before = reader.state(analysis) if follower.in_start else None
         follower.feed(r.text + "\n")
@@ -609,48 +622,61 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
     extra_s = max(0.0, (opts.get("measure_s") or 0) - opts["hold_s"])
     interval = opts["interval_s"]
     now, k, ready_at, until, verdict = 0.0, 0, None, None, None
-    while True:
-        feed_until(now)
-        exited = at_end == "exit" and not any(arrive[i] < math.inf for i in pending) and now >= end_t
-        if exited:
-            follower.finish()
-        snap = R.Snapshot(now=now, unit=_unit(invocation, end_t if exited else None, exit_status, coll.systemd),
-                          gpus_mib=gpus_mib, log=follower.analysis)
-        verdict = judge.observe(snap)
-        result.polls += 1
-        if verdict.state == R.READY and ready_at is None:
-            ready_at, until = (now, last_fed[0], verdict), now + extra_s
-        if verdict.state == R.FAILED and getattr(follower.analysis, "errors", None) and not exited:
-            # as the proof does: an error's verdict is taken again once the process had a moment to
-            # exit, so that it carries the reason line printed after the error
-            now += ERROR_EXIT_GRACE_S
+    regex_timeout = getattr(T, "RegexTimeout", None)  # (a collection before the bound has none)
+    timed_out = None  # the user's regex that ran past a line's bound (the proof stops reading there)
+    try:
+        while True:
             feed_until(now)
             exited = at_end == "exit" and not any(arrive[i] < math.inf for i in pending) and now >= end_t
             if exited:
                 follower.finish()
-            verdict = judge.observe(R.Snapshot(
-                now=now, unit=_unit(invocation, end_t if exited else None, exit_status, coll.systemd),
-                gpus_mib=gpus_mib, log=follower.analysis))
+            snap = R.Snapshot(now=now, unit=_unit(invocation, end_t if exited else None, exit_status, coll.systemd),
+                              gpus_mib=gpus_mib, log=follower.analysis)
+            verdict = judge.observe(snap)
             result.polls += 1
-        if verdict.state == R.FAILED or (ready_at is not None and now >= until):
-            break
-        k += 1
-        nxt = k * interval
-        if ready_at is None:
-            deadline = judge.deadline
-            quiet = not any(arrive[i] < math.inf for i in pending)
-            if quiet and at_end == "hang" and nxt > end_t + opts["hold_s"] + opts["stall_s"] + 2 * interval:
-                nxt = max(nxt, deadline)  # nothing can change any more but the deadline
-            nxt = min(nxt, deadline)
-            if nxt <= now:
-                break  # the judge did not decide at its deadline: never loop
-        now = nxt
-        k = max(k, int(now / interval))
+            if verdict.state == R.READY and ready_at is None:
+                ready_at, until = (now, last_fed[0], verdict), now + extra_s
+            if verdict.state == R.FAILED and getattr(follower.analysis, "errors", None) and not exited:
+                # as the proof does: an error's verdict is taken again once the process had a moment to
+                # exit, so that it carries the reason line printed after the error
+                now += ERROR_EXIT_GRACE_S
+                feed_until(now)
+                exited = at_end == "exit" and not any(arrive[i] < math.inf for i in pending) and now >= end_t
+                if exited:
+                    follower.finish()
+                verdict = judge.observe(R.Snapshot(
+                    now=now, unit=_unit(invocation, end_t if exited else None, exit_status, coll.systemd),
+                    gpus_mib=gpus_mib, log=follower.analysis))
+                result.polls += 1
+            if verdict.state == R.FAILED or (ready_at is not None and now >= until):
+                break
+            k += 1
+            nxt = k * interval
+            if ready_at is None:
+                deadline = judge.deadline
+                quiet = not any(arrive[i] < math.inf for i in pending)
+                if quiet and at_end == "hang" and nxt > end_t + opts["hold_s"] + opts["stall_s"] + 2 * interval:
+                    nxt = max(nxt, deadline)  # nothing can change any more but the deadline
+                nxt = min(nxt, deadline)
+                if nxt <= now:
+                    break  # the judge did not decide at its deadline: never loop
+            now = nxt
+            k = max(k, int(now / interval))
+
+    except regex_timeout or () as exc:
+        timed_out = exc
 
     at = last_fed[0]
     result.exited = exited
     result.went_back = getattr(follower.analysis, "went_back", None)
-    if verdict.state == R.FAILED:
+    if timed_out is not None:
+        at = feeding[0]
+        result.state, result.reason = FAILED, "the proof stopped reading the log: %s" % timed_out
+        result.details = dict(regex=timed_out.label, pattern=timed_out.pattern)
+        for i in pending:  # the rest of the log is not read: the same regex would search it
+            readings[i].after_verdict = True
+        pending.clear()
+    elif verdict.state == R.FAILED:
         missing = (verdict.details or {}).get("missing")
         result.state = NEVER_READY if missing is not None and ready_at is None else FAILED
         result.reason = verdict.reason
@@ -675,7 +701,13 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
     while pending:
         feed_one(pending.popleft(), after=True)
     result.advice = advise(result, ours)
-    if what_if and not result.ok:
+    if timed_out is not None:
+        result.advice.insert(0, dict(variable=timed_out.label.split("[")[0], why=(
+            "%s backtracks without end on line %d (a search ran past %s s): the deploy's proof stops there and "
+            "fails; use a regex without nested or overlapping repeats" % (
+                timed_out.pattern if isinstance(timed_out.pattern, str) else timed_out.label, at.n,
+                _fmt_s(timed_out.bound_s)))))
+    if what_if and not result.ok and timed_out is None:
         found = passing_change(coll, text, result, ours, dict(line_interval_s=line_interval_s, clock=clock,
                                                               at_end=at_end, exit_status=exit_status, start=start))
         if found is not None:

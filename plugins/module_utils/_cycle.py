@@ -56,7 +56,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     start_decision,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import summarize
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LineBound, RegexTimeout, StartLog
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     DONE as WAIT_DONE,
     TIMEOUT as WAIT_TIMEOUT,
@@ -275,16 +275,20 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     read this often between the observations of the unit and the GPUs, so that the Judge times a step and
     the hold's start when the log showed them (``Snapshot.step_seen_at``, ``log_ready_at``), and an error
     line is judged at once; None: the log is read with each observation only."""
+    # the searches of each line run under a time bound that ends at the proof's deadline at the latest
+    # (_trainer_log.LineBound): a regex that backtracks without end on a real line ends the proof as a verdict naming
+    # it, never holds the job (and its lease) past the deadline
+    bound = LineBound(clock=clock)
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
-                        error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes)
+                        error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes, bound=bound)
     marks = []  # (elapsed, counts) per poll: the measurement window's start
     reader = LogFileReader(log_path, follower)
     progress = None
     if progress_path:
         progress = ProgressFileReader(progress_path, ProgressAnalysis(
             ready_regex=regexes["ready_regex"], step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
-            error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes), progress_from)
+            error_regexes=regexes["error_regexes"], extra_regexes=extra_regexes, bound=bound), progress_from)
         view = ProgressView(follower, progress.analysis)
 
     def analysis():
@@ -386,6 +390,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
                 if progress is not None:
                     proof["progress_file"] = progress.describe()
                 found.update(proof=proof, until=elapsed + extra_s)
+                bound.deadline = began + max(expect.timeout_s, found["until"])
             if elapsed >= found["until"]:
                 window = float(measure_s or expect.hold_s)
                 return done(dict(found["proof"], figures=measured(analysis(), marks, elapsed, window)))
@@ -399,9 +404,19 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         return waiting("waiting for: %s (%s s of %s)" % (verdict.reason, fmt_s(elapsed), fmt_s(expect.timeout_s)),
                        wake_at=judge.wake_at)
 
+    def regex_failed(exc):
+        reason = "the proof stopped reading the log: %s" % exc
+        tail = follower.analysis.tail(expect.tail_lines)
+        return StepFailed(failure_msg(reason, tail, expect.tail_lines), ready=False, reason=reason, log_tail=tail,
+                          regex=exc.label, line=exc.line_no)
+
     began = clock()
-    out = poll_until(observe, judge_proof, expect.timeout_s, log_interval_s if log_only else interval_s, clock=clock,
-                     sleep=sleep, on_wait=_ticker(tick))
+    bound.deadline = began + expect.timeout_s
+    try:
+        out = poll_until(observe, judge_proof, expect.timeout_s, log_interval_s if log_only else interval_s,
+                         clock=clock, sleep=sleep, on_wait=_ticker(tick))
+    except RegexTimeout as exc:
+        raise regex_failed(exc)
     if progress is not None:
         progress.close()  # a later poll (the exit's grace below) opens it again where it ended
     if out.state == WAIT_DONE:
@@ -417,10 +432,13 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         exited = poll_until(lambda: _show_soft(run, show_cmd), _exited, ERROR_EXIT_GRACE_S, 0.1,
                             clock=clock, sleep=sleep, first={})
         if exited.state == WAIT_DONE:
-            reader.poll()
-            follower.finish()
-            if progress is not None:
-                progress.poll().finish()
+            try:
+                reader.poll()
+                follower.finish()
+                if progress is not None:
+                    progress.poll().finish()
+            except RegexTimeout as exc:
+                raise regex_failed(exc)
             verdict = judge.observe(snapshot(exited.value, gpus, out.elapsed + exited.elapsed))
     details = dict(verdict.details)
     tail = details.get("log_tail") or []

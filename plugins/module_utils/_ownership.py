@@ -221,23 +221,75 @@ def _ancestors(real):
     return out
 
 
-def _literal_links(path):
-    """[(component, uid, 0)] for each symlink on ``path`` as written (not resolved), the path
-    itself included, up to the first one: whoever owns such a link can point it elsewhere later, so
-    its owner is judged as a directory's (its mode means nothing: 0). What it points to is judged
-    by the resolved path's own chain."""
-    parts = [p for p in os.path.normpath(path).split("/") if p]
-    for i in range(1, len(parts) + 1):
-        current = "/" + "/".join(parts[:i])
+# the kernel's own bound on the symlinks one lookup follows (ELOOP past it)
+MAX_LINKS = 40
+
+
+def way_of(path):
+    """[(component, uid, mode)] for what a lookup of ``path`` (absolute) passes through before its
+    last component, as the kernel walks it: each directory it goes through and each symlink it
+    follows - a link inside a link's target too, and the path itself when it is a link - with mode 0
+    for a link (whoever owns a link can point it elsewhere later: its owner is judged as a
+    directory's). Ends at the first missing component or after MAX_LINKS links. The resolved path's
+    own directories are ``_ancestors``'; these are the ones a path as written adds: a directory or link
+    of another user's on the way lets that user send root elsewhere."""
+    out = []
+    todo = [p for p in reversed(path.split("/")) if p and p != "."]
+    current, links = "/", 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        nxt = os.path.join(current, name)
         try:
-            st = os.lstat(current)
+            st = os.lstat(nxt)
         except OSError:
-            return []
+            return out
         if stat.S_ISLNK(st.st_mode):
-            return [(current, st.st_uid, 0)]
+            out.append((nxt, st.st_uid, 0))
+            links += 1
+            try:
+                target = os.readlink(nxt)
+            except OSError:
+                return out
+            if links > MAX_LINKS:
+                return out
+            todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
+            if target.startswith("/"):
+                current = "/"
+            continue
         if not stat.S_ISDIR(st.st_mode):
-            return []
-    return []
+            return out
+        if todo:  # a directory the lookup goes through (not the last component)
+            out.append((nxt, st.st_uid, stat.S_IMODE(st.st_mode)))
+        current = nxt
+    return out
+
+
+def way_problem(path):
+    """Why a file read as proof at ``path`` (absolute) could be swapped or redirected by another user, or
+    None: every directory a lookup of it goes through - as written (``way_of``) and resolved - and every
+    link it follows must be root's, the directories writable by root alone."""
+    way = way_of(path)
+    links = links_of(way)
+    for component, uid, mode in way + [c for c in _ancestors(os.path.realpath(path)) if c not in way]:
+        if component in links:
+            if uid != _ROOT_UID:
+                return "is reached through %s, a symlink owned by uid %d, who can point it elsewhere" % (
+                    component, uid)
+            continue
+        if uid != _ROOT_UID:
+            return "is in %s, owned by uid %d (mode %04o)" % (component, uid, mode)
+        if mode & 0o022:
+            return "is in %s (mode %04o), which %s can write" % (
+                component, mode, "every user" if mode & 0o002 else "its group")
+    return None
+
+
+def links_of(way):
+    """The symlinks of a ``way_of`` list."""
+    return [c for c, _uid, mode in way if mode == 0 and os.path.islink(c)]
 
 
 def _deepest_existing(real):
@@ -388,8 +440,10 @@ def observe(path, kind, max_names=200):
             facts["mount"] = os.path.ismount(real)
     # every directory above: who could swap the file, or plant one first
     facts["chain"] = _ancestors(real)
-    if kind == SEARCH:  # and a link on the way as written: its owner could point it elsewhere later
-        facts["chain"] = _literal_links(path) + facts["chain"]
+    # and the way as written: a directory or link of another user's there could send root elsewhere later
+    way = way_of(path) if path.startswith("/") else []
+    facts["links"] = links_of(way)
+    facts["chain"] = [c for c in way if c not in facts["chain"]] + facts["chain"]
     facts["parent_exists"] = bool(facts["chain"]) and facts["chain"][-1][0] == os.path.dirname(real)
     if kind in PERSISTENT_KINDS:
         mount = mount_of(_deepest_existing(real), _read_mountinfo())
@@ -544,7 +598,11 @@ def chain_problem(kind, facts):
     sticky shared directory is accepted only as the file's own directory, for the kinds root
     creates anew (EXCL_KINDS)."""
     chain = facts.get("chain") or []
+    links = facts.get("links") or ()
     for directory, uid, mode in chain:
+        if uid != _ROOT_UID and directory in links:
+            return "is reached through %s, a symlink owned by uid %d: that user can point it elsewhere before root " \
+                   "%s it; every link on the way must be root's" % (directory, uid, _USE.get(kind, "writes"))
         if uid != _ROOT_UID:
             return "is in %s, owned by uid %d (mode %04o): every directory above it must be root's, or that user " \
                    "can replace the file before root %s it" % (directory, uid, mode, _USE.get(kind, "writes"))
@@ -560,6 +618,25 @@ def chain_problem(kind, facts):
                        "directory)")
         return "is in %s (uid 0, mode %04o), which its group or others can write: every directory above it must " \
                "be writable by root alone" % (directory, mode)
+    return None
+
+
+def _owners_problem(facts):
+    """The cache's way: no directory or link on it (as written or resolved) another user owns - that
+    user could rename it away and put a directory of theirs, with a planted kernel, where root writes
+    and loads compiled code. (A shared sticky directory such as /tmp above it is not judged here.)"""
+    links = facts.get("links") or ()
+    for directory, uid, mode in facts.get("chain") or []:
+        if uid == _ROOT_UID:
+            continue
+        if directory in links:
+            return "is reached through %s, a symlink owned by uid %d: that user can point it elsewhere; every " \
+                   "link on the way must be root's" % (directory, uid)
+        return "is in %s, owned by uid %d (mode %04o): that user can replace the cache with a directory of " \
+               "theirs, whose compiled code the trainer would load as root" % (directory, uid, mode)
+    if facts.get("exists") and facts.get("uid") is not None and facts.get("uid") != _ROOT_UID:
+        return "belongs to uid %s (mode %04o): that user could plant compiled code there that the trainer would " \
+               "load as root; remove it (root makes it anew)" % (facts["uid"], facts.get("mode") or 0)
     return None
 
 
@@ -689,10 +766,9 @@ def judge(variable, kind, facts):
     where = placement_problem(kind, real)
     if where:
         return "%s%s %s" % (facts.get("path"), via, where)
-    if kind != "cache":
-        why = chain_problem(kind, facts)
-        if why:
-            return "%s%s %s" % (facts.get("path"), via, why)
+    why = chain_problem(kind, facts) if kind != "cache" else _owners_problem(facts)
+    if why:
+        return "%s%s %s" % (facts.get("path"), via, why)
     why = missing_dir_problem(kind, facts)
     if why:
         return "%s%s %s" % (facts.get("path"), via, why)

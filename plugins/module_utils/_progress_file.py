@@ -35,6 +35,7 @@ import os
 import re
 import stat
 
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import way_problem
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import FIGURE, parse_figure
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
     DEFAULT_ERROR_REGEXES,
@@ -43,8 +44,11 @@ from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import
     DEFAULT_STEP_REGEX,
     DEFAULT_TOKPS_REGEX,
     LINE_END,
+    MATCH_CHARS,
     MAX_PROBLEMS,
+    LineBound,
     LogAnalysis,
+    RegexTimeout,
     is_reason_line,
     reason_line,
     tail,
@@ -110,10 +114,12 @@ class ProgressAnalysis(object):
 
     def __init__(self, ready_regex=DEFAULT_READY_REGEX, step_regex=DEFAULT_STEP_REGEX,
                  tokps_regex=DEFAULT_TOKPS_REGEX, error_regexes=DEFAULT_ERROR_REGEXES,
-                 keep_lines=DEFAULT_KEEP_LINES, extra_regexes=None):
+                 keep_lines=DEFAULT_KEEP_LINES, extra_regexes=None, bound=None):
         extra_regexes = extra_regexes or {}
+        self.bound = bound if bound is not None else LineBound()
         self.text = LogAnalysis(ready_regex=ready_regex, step_regex=step_regex, tokps_regex=tokps_regex,
-                                error_regexes=error_regexes, keep_lines=keep_lines, extra_regexes=extra_regexes)
+                                error_regexes=error_regexes, keep_lines=keep_lines, extra_regexes=extra_regexes,
+                                bound=self.bound)
         self.record_log = LogAnalysis(
             ready_regex=RECORD_READY_RE, step_regex=RECORD_STEP_RE, tokps_regex=_record_figure_re("tok/s"),
             error_regexes=(), keep_lines=1,
@@ -148,10 +154,18 @@ class ProgressAnalysis(object):
         if self.record_log.progress_line is not None and (
                 self.record_log.progress_line is not before[1] or self._progress_raw is None):
             self._progress_raw = text
-        for rx in self.error_res:
-            if rx.search(text):
-                self.record_errors.append((rx.pattern, text))
-                break
+        # the error patterns read the record's raw text as the log reader reads a line: its first
+        # MATCH_CHARS characters, under the line's time bound (_trainer_log.LineBound)
+        at = [None]
+        try:
+            with self.bound.line(lambda: at[0]):
+                for i, rx in enumerate(self.error_res):
+                    at[0] = ("trainer_error_regexes[%d]" % i, rx.pattern)
+                    if rx.search(text[:MATCH_CHARS]):
+                        self.record_errors.append((rx.pattern, text))
+                        break
+        except RegexTimeout as exc:
+            raise exc.at(self.text.line_count + self.records, text)
         return self
 
     def extend(self, lines):
@@ -236,6 +250,12 @@ def trust_problem(path, st, parent_st=None):
         return ("the progress file %s is in %s (uid %d, mode %04o), which other users than root may write: the "
                 "file could be swapped; keep it in a directory only root can write" % (
                     path, os.path.dirname(path) or ".", parent_st.st_uid, stat.S_IMODE(parent_st.st_mode)))
+    # the way to it as written, not only its resolved directory: a link or directory of another user's
+    # on the way lets that user send the proof to a file of their choice later
+    why = way_problem(path) if os.path.isabs(path) else None
+    if why:
+        return ("the progress file %s %s: the file could be swapped; every directory and link on the way to it "
+                "must be root's, writable by root alone" % (path, why))
     return None
 
 

@@ -8,7 +8,8 @@ The unit's launcher appends one marker line per activation:
 "This start's log" is the lines after the last marker carrying our invocation id, up to the
 next marker. Lines from earlier starts never count (``wait_for`` matched a stale line).
 
-Functions of text and lines only (no files, no clocks): the start marker (``parse_marker``,
+Functions of text and lines only (no files, no clocks; the one exception: the time bound of
+each line's searches, ``LineBound``, below): the start marker (``parse_marker``,
 ``marker_line``, ``continuation_line``, ``is_continuation``), reason lines, ``tail``, step
 values, ``LogAnalysis`` / ``analyze`` / ``this_start`` and ``StartLog``, which follows text fed
 to it. Reading the log file (the launcher's sidecar, seeking to this start, following the file
@@ -19,6 +20,9 @@ from __future__ import annotations
 
 import collections
 import re
+import signal
+import threading
+import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import FIGURE, figure_group, read_figure
 
@@ -136,6 +140,126 @@ def tail(lines, n):
 
 def _compile(regex):
     return regex if hasattr(regex, "search") else re.compile(regex)
+
+
+# -- how long the user's regexes may search one line -----------------------------------------------
+# The controller refuses, before any change, a regex that is slow on adversarial lines
+# (``_validate.slow_regexes``), but no set of test lines is every line a trainer prints: a
+# regex that backtracks without end on a real line would hold the restart job in "proving" at
+# 100 % CPU past its own deadline (and, holding the interpreter, keep the lease's renewals from
+# running). So every line's searches run under a time bound: a one-shot ``ITIMER_REAL`` whose
+# ``SIGALRM`` interrupts the match (CPython's regex engine checks for signals while it
+# backtracks) and ends the reading as ``RegexTimeout``, naming the regex and the line.
+#
+# The bound of a line is ``line_s``, cut to what is left before ``deadline`` (the proof's own,
+# when the caller gives one; at least ``BOUND_MIN_S``). It applies in the main thread of a process
+# with ``setitimer`` (the restart job, check-log); elsewhere the searches run unbounded, as
+# before. A timer another part of the process armed is put back when the line is done.
+
+# one line, every regex together (the controller allows 0.5 s for one regex on one adversarial line)
+BOUND_LINE_S = 2.0
+# the least time a line is given once the deadline is near or past (a line read then still counts)
+BOUND_MIN_S = 0.05
+
+
+class RegexTimeout(Exception):
+    """A regex ran past the bound of one line: ``label`` (the role variable), ``pattern``,
+    ``line_no`` (of this start), ``line`` (the text searched), ``bound_s``, ``deadline`` (True:
+    the proof's deadline came first)."""
+
+    def __init__(self, label, pattern, bound_s, deadline=False, line_no=None, line=None):
+        self.label, self.pattern, self.bound_s, self.deadline = label, pattern, bound_s, deadline
+        self.line_no, self.line = line_no, line
+        super(RegexTimeout, self).__init__(self.words())
+
+    def at(self, line_no, line):
+        self.line_no, self.line = line_no, line
+        self.args = (self.words(),)
+        return self
+
+    def words(self):
+        where = "line %s of this start" % self.line_no if self.line_no is not None else "a line"
+        shown = ""
+        if self.line is not None:
+            shown = " (%d characters: %r%s)" % (len(self.line), self.line[:80], "..." if len(self.line) > 80 else "")
+        if self.deadline:
+            return ("the proof's deadline came while %s %r was still searching %s%s: the log could not be read "
+                    "in time" % (self.label, self.pattern, where, shown))
+        return ("%s %r did not finish searching %s within %s s%s: the regex backtracks without end on it; "
+                "use one that reads this line in linear time (check-log shows the line)"
+                % (self.label, self.pattern, where, _fmt_bound(self.bound_s), shown))
+
+
+def _fmt_bound(seconds):
+    return ("%.2f" % seconds).rstrip("0").rstrip(".")
+
+
+class _Expired(BaseException):
+    """Raised by the alarm inside the bounded searches (a BaseException: no ``except Exception``
+    in between swallows it)."""
+
+
+def _bound_usable():
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+class LineBound(object):
+    """``with bound.line(where):`` - the searches inside run at most ``budget()`` seconds; past
+    it RegexTimeout for ``where()`` -> (label, pattern) of the search that was running.
+    ``deadline``: a monotonic time (or None), may be moved while reading (a proof that measures on)."""
+
+    def __init__(self, line_s=BOUND_LINE_S, deadline=None, clock=time.monotonic):
+        self.line_s, self.deadline, self.clock = line_s, deadline, clock
+        self._armed = False
+
+    def budget(self):
+        """-> (seconds, True when the deadline cut them)."""
+        if self.deadline is None:
+            return self.line_s, False
+        left = self.deadline - self.clock()
+        if left >= self.line_s:
+            return self.line_s, False
+        return max(BOUND_MIN_S, left), True
+
+    def _expire(self, _signum, _frame):
+        if self._armed:
+            self._armed = False
+            raise _Expired()
+
+    def line(self, where):
+        return _Bounded(self, where)
+
+
+class _Bounded(object):
+    def __init__(self, bound, where):
+        self.bound, self.where = bound, where
+        self.on = _bound_usable()
+        self.budget = None
+        self.previous = None
+
+    def __enter__(self):
+        if not self.on:
+            return self
+        self.budget, self.cut = self.bound.budget()
+        self.handler = signal.signal(signal.SIGALRM, self.bound._expire)
+        self.began = time.monotonic()
+        self.bound._armed = True
+        self.previous = signal.setitimer(signal.ITIMER_REAL, self.budget)
+        return self
+
+    def __exit__(self, kind, exc, _tb):
+        if not self.on:
+            return False
+        self.bound._armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.handler)
+        left, interval = self.previous
+        if left or interval:  # someone else's timer: put back what is left of it
+            signal.setitimer(signal.ITIMER_REAL, max(1e-6, left - (time.monotonic() - self.began)), interval)
+        if kind is _Expired:
+            label, pattern = self.where()
+            raise RegexTimeout(label, pattern, self.budget, deadline=self.cut) from None
+        return False
 
 
 MAX_VALUES = 100000
@@ -326,7 +450,10 @@ class LogAnalysis(object):
 
     def __init__(self, ready_regex=DEFAULT_READY_REGEX, step_regex=DEFAULT_STEP_REGEX,
                  tokps_regex=DEFAULT_TOKPS_REGEX, error_regexes=DEFAULT_ERROR_REGEXES,
-                 keep_lines=DEFAULT_KEEP_LINES, marker=None, extra_regexes=None):
+                 keep_lines=DEFAULT_KEEP_LINES, marker=None, extra_regexes=None, bound=None):
+        # how long the user's regexes may search one line (LineBound; a shared one carries the proof's deadline)
+        self.bound = bound if bound is not None else LineBound()
+        self._at = None  # (variable, pattern) of the search running
         self.ready_re = _compile(ready_regex)
         # the default ready pattern also takes a line of the training counter (see the class doc)
         self.counter_ready = self.ready_re.pattern == DEFAULT_READY_REGEX
@@ -408,23 +535,42 @@ class LogAnalysis(object):
         self.last_step = step
         return True
 
+    def _search(self, label, rx, line):
+        self._at = (label, rx.pattern)
+        return rx.search(line)
+
     def add(self, line):
+        """Read one line. RegexTimeout (see ``LineBound``) when the user's regexes ran past the
+        line's bound: the reading ends there, naming the regex and the line."""
         line = strip_ansi(line.rstrip("\r\n"))
         self.lines.append(line)
         self.line_count += 1
         # the user's regexes see at most MATCH_CHARS of a line (as the launcher's metrics do): a
         # regex slow on long input costs a bounded time per line (the controller refuses the
-        # catastrophic ones before any change: _validate)
+        # catastrophic ones it can find before any change: _validate), and the searches of one
+        # line run under a time bound (the ones it cannot find)
         line = line[:MATCH_CHARS]
         if line.strip():
             self._last_nonempty = line.strip()
         if is_reason_line(line):
             self._last_reason = line.strip()
+        try:
+            with self.bound.line(lambda: self._at):
+                self._read(line)
+        except RegexTimeout as exc:
+            raise exc.at(self.line_count, line)
+        if looks_like_progress(line):
+            if self.progress_like_line is None:
+                self.progress_like_line = line
+                self.progress_like_at = self.line_count
+            self.last_progress_like_line = line
+
+    def _read(self, line):
         ready = False
-        if self.ready_re.search(line):
+        if self._search("trainer_ready_regex", self.ready_re, line):
             ready = self.ready_matched = True
-        tokps = self.tokps_re.search(line)
-        m = self.step_re.search(line)
+        tokps = self._search("trainer_tokps_regex", self.tokps_re, line)
+        m = self._search("trainer_step_regex", self.step_re, line)
         if m:
             step, total, problem = step_value(m)
             if problem is not None:
@@ -445,21 +591,16 @@ class LogAnalysis(object):
             _bounded_append(self.tokps_values, value)
             self.progress_line = line
         for name, rx in self.extra_res.items():
-            m = rx.search(line)
+            m = self._search("trainer_measure_regexes[%r]" % (name,), rx, line)
             if m:
                 value, problem = read_figure(m)
                 if problem is not None:
                     self._problem(name, problem, line)
                 _bounded_append(self.extra_values[name], value)
-        for rx in self.error_res:
-            if rx.search(line):
+        for i, rx in enumerate(self.error_res):
+            if self._search("trainer_error_regexes[%d]" % i, rx, line):
                 self.errors.append((rx.pattern, line))
                 break
-        if looks_like_progress(line):
-            if self.progress_like_line is None:
-                self.progress_like_line = line
-                self.progress_like_at = self.line_count
-            self.last_progress_like_line = line
 
     def extend(self, lines):
         for line in lines:

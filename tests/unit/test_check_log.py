@@ -333,3 +333,17 @@ def test_the_api_function_mirrors_the_subcommand(tmp_path):
     assert main(["check-log", os.path.join(LOGS, "import_error.log"), "-q"]) == bad.exit_code
     with pytest.raises(check_log.BadInput, match="trainer_step_rgex"):
         dflash_trainer.check_log(os.path.join(LOGS, "megatron.log"), extravars={"trainer_step_rgex": "x"})
+
+
+def test_a_regex_that_backtracks_without_end_on_a_line_fails_there_naming_it(tmp_path, capsys):
+    # passes the controller's timing check (tests/unit/test_regex_bound.py); a real line hangs it
+    rx = r"step=(\d+)(?:q+q+)+#"
+    path = tmp_path / "q.log"
+    path.write_text("".join("step=%d loss 2.0\n" % i for i in range(1, 4)) + "step=12" + "q" * 60 + "\n"
+                    + "".join("step=%d loss 2.0\n" % i for i in range(5, 40)))
+    assert main(["check-log", str(path), "-e", "trainer_step_regex=%s" % rx]) == 1
+    out = capsys.readouterr().out
+    assert ("verdict: FAILED at line 4 (t=2 s): the proof stopped reading the log: trainer_step_regex %r did not "
+            "finish searching line 4 of this start within 2 s" % rx) in out, out
+    assert "  trainer_step_regex: %s backtracks without end on line 4" % rx in out
+    assert "… 35 more lines after the verdict" in out  # not read: the same regex would search them

@@ -621,3 +621,65 @@ def test_a_search_entry_through_another_users_link_is_refused(tmp_path):
     why = o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(link / "sub"), o.SEARCH))
     assert why.startswith("%s (it resolves to %s) is in %s, owned by uid 1000" % (link / "sub", tmp_path / "real" / "sub",
                                                                                  link))
+
+
+@pytest.mark.parametrize("kind", ["log", "env", "launcher", "lock", "state", "metrics", "cache", "root"])
+def test_a_path_through_another_users_link_is_refused_for_every_kind(tmp_path, kind):
+    """Judged as written, not only resolved: the link's owner could point it elsewhere after the check
+    (a log written, a cache deleted, a root run from, in a directory of that user's choice)."""
+    (tmp_path / "real").mkdir(mode=0o755)
+    link = tmp_path / "ln"
+    link.symlink_to(tmp_path / "real")
+    assert o.judge("trainer_x", kind, o.observe(str(link / "x"), kind)) is None  # root's link: as before
+    os.lchown(str(link), 1000, 1000)
+    why = o.judge("trainer_x", kind, o.observe(str(link / "x"), kind))
+    assert why is not None and "is reached through %s, a symlink owned by uid 1000" % link in why, why
+
+
+def test_a_link_inside_a_links_target_and_a_users_directory_on_the_way_are_judged(tmp_path):
+    (tmp_path / "real").mkdir(mode=0o755)
+    (tmp_path / "mid").mkdir(mode=0o755)
+    inner = tmp_path / "mid" / "inner"
+    inner.symlink_to(tmp_path / "real")
+    (tmp_path / "outer").symlink_to(tmp_path / "mid")
+    path = str(tmp_path / "outer" / "inner" / "trainer.log")
+    assert o.judge("trainer_log_path", "log", o.observe(path, "log")) is None
+    os.lchown(str(inner), 1000, 1000)
+    assert "is reached through %s, a symlink owned by uid 1000" % inner in o.judge(
+        "trainer_log_path", "log", o.observe(path, "log"))
+    os.lchown(str(inner), 0, 0)
+    # a root-owned link in a directory another user owns: the user can replace the link
+    os.chown(str(tmp_path / "mid"), 1000, 1000)
+    why = o.judge("trainer_log_path", "log", o.observe(path, "log"))
+    assert "is in %s, owned by uid 1000" % (tmp_path / "mid") in why, why
+
+
+def test_a_progress_file_whose_directory_is_another_users_link_is_refused(tmp_path):
+    from ansible_collections.dflash.trainer.plugins.module_utils import _progress_file as pf
+    (tmp_path / "real").mkdir(mode=0o755)
+    (tmp_path / "real" / "progress.jsonl").write_text('{"step": 1}\n')
+    link = tmp_path / "runs"
+    link.symlink_to(tmp_path / "real")
+    path = str(link / "progress.jsonl")
+    assert pf.trust_problem(path, os.stat(path), os.stat(str(link))) is None  # root's link: read
+    os.lchown(str(link), 1000, 1000)
+    # the resolved file and directory are root's alone: only the way as written shows the user's link
+    why = pf.trust_problem(path, os.stat(path), os.stat(str(link)))
+    assert why.startswith("the progress file %s is reached through %s, a symlink owned by uid 1000" % (path, link))
+    p = {"progress_path": path}
+    assert pf.collision(p) == why
+
+
+def test_a_cache_of_another_users_or_in_a_directory_of_theirs_is_refused(tmp_path):
+    """Whoever owns the cache, or a directory above it, can put compiled code there that root loads."""
+    home = tmp_path / "home"
+    (home / "cache").mkdir(parents=True, mode=0o755)
+    assert o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(home / "cache"), "cache")) is None
+    os.chown(str(home / "cache"), 1000, 1000)
+    why = o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(home / "cache"), "cache"))
+    assert why == ("%s belongs to uid 1000 (mode 0755): that user could plant compiled code there that the trainer "
+                   "would load as root; remove it (root makes it anew)" % (home / "cache"))
+    os.chown(str(home / "cache"), 0, 0)
+    os.chown(str(home), 1000, 1000)
+    why = o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(home / "cache"), "cache"))
+    assert why.startswith("%s is in %s, owned by uid 1000" % (home / "cache", home)), why
