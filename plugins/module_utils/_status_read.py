@@ -92,7 +92,12 @@ def read_status(module, p, run, systemctl):
         result["gpu_error"] = not_found_message(p["nvidia_smi"])
     else:
         try:
-            result.update(gpu_fields(read_gpus(run, nvidia_smi, processes=False)[0]))
+            gpus, warnings = read_gpus(run, nvidia_smi, processes=False)
+            result.update(gpu_fields(gpus))
+            if warnings:  # a status that only warns (infoROM corrupted): the figures are used
+                result["gpu_warnings"] = warnings
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
+            if e.node_fault:  # the node's, never the trainer's: refused before anything changes
+                result["gpu_node_fault"] = True
     return result

@@ -353,6 +353,8 @@ def main():
     systemctl = module.get_bin_path("systemctl", required=True)
     run = ModuleRunner(module)  # each command bounded: 30 s
     result = read_status(module, p, run, systemctl)
+    for warning in result.get("gpu_warnings") or []:
+        module.warn(warning)
     if p["trainer_root"]:
         result["releases"] = order_newest_first(list_releases(p["trainer_root"]))
     if p["install"]:
