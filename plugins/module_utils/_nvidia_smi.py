@@ -15,7 +15,9 @@ holders.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "gpu_uuid", "used_memory")
@@ -547,3 +549,74 @@ def read_node_gpus(run, nvidia_smi="nvidia-smi"):
     for a in apps:
         a["process_name"] = None  # never asked: the node's /proc names the process
     return join_processes(gpus, apps), warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# the device nodes CUDA opens in the container
+# The device nodes the CUDA runtime opens inside the container (pure judge + one small read).
+#
+# On a Proxmox node the container sees the GPUs through bind-mounted ``/dev/nvidia*`` nodes
+# (``lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file``). nvidia-smi
+# needs only ``/dev/nvidiactl`` and ``/dev/nvidiaN``; every CUDA process also needs
+# ``/dev/nvidia-uvm``, which exists on the node only once something loaded the UVM module (a CUDA
+# process there, or ``nvidia-modprobe -u -c=0``). After a node reboot nvidia-smi works in the
+# container while every CUDA start fails - and an ``optional`` bind of a missing node leaves an
+# empty regular file in its place. So each node must be a character device, judged before the stop.
+# ``/dev/nvidia-uvm-tools`` is used by profilers only (CUPTI, Nsight): missing, it is a warning.
+
+
+DEVICE_NODES = ("nvidiactl", "nvidia-uvm")
+DEVICE_NODES_OPTIONAL = ("nvidia-uvm-tools",)
+_GPU_NODE = re.compile(r"^nvidia(\d+)$")
+
+UVM_REMEDY = ("on the node run `nvidia-modprobe -u -c=0` (loads nvidia-uvm and creates /dev/nvidia-uvm and "
+              "/dev/nvidia-uvm-tools; make it survive reboots, e.g. a systemd unit there), then restart the "
+              "container (`pct reboot VMID`) so its bind mounts pick the nodes up")
+BIND_REMEDY = ("bind-mount it from the node in the container's config (/etc/pve/lxc/VMID.conf: `lxc.mount.entry: "
+               "/dev/{name} dev/{name} none bind,optional,create=file` and `lxc.cgroup2.devices.allow: c MAJOR:* rwm`)"
+               " and restart the container")
+
+
+def read_nodes(dev="/dev"):
+    """{name: kind} for the nvidia* entries of ``dev``: "chr" (a character device), "empty" (an empty
+    regular file: an optional bind of a node the node lacked), or "other"."""
+    out = {}
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith("nvidia"):
+            continue
+        try:
+            st = os.stat(os.path.join(dev, name))
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            out[name] = "chr"
+        elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            out[name] = "empty"
+        else:
+            out[name] = "other"
+    return out
+
+
+def _remedy(name):
+    return UVM_REMEDY if name.startswith("nvidia-uvm") else BIND_REMEDY.format(name=name)
+
+
+def _state(kind):
+    return "missing" if kind is None else ("an empty file, not a device" if kind == "empty" else "not a device")
+
+
+def node_problems(nodes):
+    """(problems, warnings): words for each required node that is not a character device (missing, or
+    left as an empty file), with how to create it on the node; the same for optional ones as warnings."""
+    problems = ["/dev/%s is %s in the container (CUDA cannot start without it): %s" % (
+        name, _state(nodes.get(name)), _remedy(name)) for name in DEVICE_NODES if nodes.get(name) != "chr"]
+    if not any(_GPU_NODE.match(n) and k == "chr" for n, k in nodes.items()):
+        problems.append("no /dev/nvidiaN GPU node in the container (CUDA sees no GPU): " +
+                        BIND_REMEDY.format(name="nvidia0"))
+    warnings = ["/dev/%s is %s in the container (profilers need it; training does not): %s" % (
+        name, _state(nodes.get(name)), _remedy(name)) for name in DEVICE_NODES_OPTIONAL if nodes.get(name) != "chr"]
+    return problems, warnings

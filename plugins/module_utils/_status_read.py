@@ -14,8 +14,10 @@ from ansible_collections.dflash.trainer.plugins.module_utils._ledger import ledg
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
+    node_problems,
     not_found_message,
     read_gpus,
+    read_nodes,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._status import (
     gpu_fields,
@@ -94,6 +96,11 @@ def read_status(module, p, run, systemctl):
         try:
             gpus, warnings = read_gpus(run, nvidia_smi, processes=False)
             result.update(gpu_fields(gpus))
+            # nvidia-smi answers without /dev/nvidia-uvm; CUDA does not: the nodes are judged too
+            problems, node_warnings = node_problems(read_nodes())
+            if problems:
+                result["device_problems"] = problems
+            warnings = warnings + node_warnings
             if warnings:  # a status that only warns (infoROM corrupted): the figures are used
                 result["gpu_warnings"] = warnings
         except NvidiaSmiError as e:

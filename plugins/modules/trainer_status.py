@@ -274,6 +274,13 @@ gpu_node_fault:
   returned: when nvidia-smi failed with such a status
   type: bool
   sample: true
+device_problems:
+  description: The device nodes CUDA needs that the container lacks (C(/dev/nvidiactl), C(/dev/nvidia-uvm), a
+    C(/dev/nvidiaN)), each with how to create it on the node; a deploy refuses them before anything changes.
+  returned: when nvidia-smi answered and a node is missing or not a character device
+  type: list
+  elements: str
+  sample: ["/dev/nvidia-uvm is missing in the container (CUDA cannot start without it): on the node run ..."]
 gpu_warnings:
   description: What nvidia-smi warned about while its output was used (exit 14, a GPU's infoROM corrupted).
   returned: when nvidia-smi warned

@@ -168,3 +168,24 @@ def test_a_corrupted_inforom_warns_and_the_deploy_proceeds(lab, inv):
     after = trainer(lab)
     assert after[0] != before[0] and "ActiveState=active" in after[0]
     assert after[1] != before[1] and after[1].endswith(next(r for r in after[2] if r not in before[2]))
+
+
+def test_a_missing_uvm_node_is_refused_before_the_stop_with_the_nodes_remedy(lab, inv):
+    """After a node reboot nothing loaded nvidia-uvm: nvidia-smi works in the container, CUDA would
+    not. The optional bind leaves an empty file after a container restart; live, the node is gone."""
+    inv_path, base = inv
+    before = trainer(lab)
+    assert "ActiveState=active" in before[0]
+    assert lab.ct(CT, "test", "-c", "/dev/nvidia-uvm").returncode == 0
+    lab_py("dev-nodes", "--ids", CT, "--missing", "nvidia-uvm")
+    try:
+        assert lab.ct(CT, "test", "-e", "/dev/nvidia-uvm").returncode == 1
+        assert lab.ct(CT, "nvidia-smi", "-L").returncode == 0  # nvidia-smi does not need it
+        res = deploy(inv_path, tree(base, "without-uvm"))
+    finally:
+        lab_py("dev-nodes", "--ids", CT)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "/dev/nvidia-uvm is missing in the container" in out and "nvidia-modprobe -u -c=0" in out, out[-3000:]
+    assert trainer(lab) == before
+    assert lab.ct(CT, "test", "-c", "/dev/nvidia-uvm").returncode == 0
