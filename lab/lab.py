@@ -32,6 +32,9 @@ What `up` builds (all real parts, only the GPU is simulated):
   node's root for the operator; none by default, and no file).
 
     python3 lab/lab.py delay SECONDS [--ids ...]  # pct start-up cost per call (0: none, the default)
+    python3 lab/lab.py pct-errno N|off --ids ...  # pct errors exit as Perl's die would (errno N; off: 255)
+    python3 lab/lab.py lock NAME|off --ids ...    # a Proxmox `lock: NAME` in the containers' config
+    python3 lab/lab.py dev-nodes --ids ... [--missing nvidia-uvm ...]  # the /dev/nvidia* nodes CUDA opens
     python3 lab/lab.py node-gpus [--ids 231 232]  # containers whose GPUs are the node's (lab/node.py)
     python3 lab/lab.py torch --ids 300           # real PyTorch (CPU) in a container (issue 15 item 4)
     python3 lab/lab.py group --name g1 --ids 330 331 [--fresh]  # containers sharing /mnt/dflash-rdzv
@@ -248,6 +251,70 @@ def record_kind(vmid, unprivileged):
                                             "idmap": [0, IDMAP_BASE, IDMAP_COUNT] if unprivileged else None}))
 
 
+# The device nodes a Proxmox container with GPUs gets from the node, bind-mounted as pve-container's
+# users write it (`lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file`):
+# name -> (major, minor) of the node's character device. The lab's nodes live in
+# STATE_DIR/ct/<vmid>/dev (mknod'ed on the host; nothing opens them: the GPU is simulated), less the
+# names in STATE_DIR/ct/<vmid>/dev-missing (`lab.py dev-nodes --missing`): as on a node after a
+# reboot where nothing loaded nvidia-uvm, the optional bind of a missing node is skipped.
+DEV_NODES = dict([("nvidiactl", (195, 255)), ("nvidia-uvm", (511, 0)), ("nvidia-uvm-tools", (511, 1))] +
+                 [("nvidia%d" % i, (195, i)) for i in range(8)])
+
+
+def dev_dir(vmid):
+    return os.path.join(STATE_DIR, "ct", vmid, "dev")
+
+
+def dev_missing(vmid):
+    try:
+        with open(os.path.join(STATE_DIR, "ct", vmid, "dev-missing")) as fh:
+            return set(fh.read().split())
+    except FileNotFoundError:
+        return set()
+
+
+def ensure_dev_nodes(vmid):
+    """The host side of the container's device nodes: present unless missing, each a character device."""
+    os.makedirs(dev_dir(vmid), exist_ok=True)
+    missing = dev_missing(vmid)
+    for name, (major, minor) in DEV_NODES.items():
+        path = os.path.join(dev_dir(vmid), name)
+        if name in missing:
+            if os.path.lexists(path):
+                os.unlink(path)
+        elif not (os.path.exists(path) and stat.S_ISCHR(os.stat(path).st_mode)):
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+
+
+def sync_dev_nodes_live(vmid):
+    """A running privileged container's /dev as the host side says (its binds only apply at start)."""
+    script = 'for n in $1; do umount "/dev/$n" 2>/dev/null; rm -f "/dev/$n"; done; ' \
+             'shift; while [ $# -gt 0 ]; do [ -c "/dev/$1" ] || { rm -f "/dev/$1"; mknod -m 666 "/dev/$1" c "$2" "$3"; }; ' \
+             'shift 3; done'
+    missing = dev_missing(vmid)
+    args = []
+    for name, (major, minor) in DEV_NODES.items():
+        if name not in missing:
+            args += [name, str(major), str(minor)]
+    run(["lxc-attach", "-n", vmid, "--", "sh", "-c", script, "sh", " ".join(sorted(missing))] + args)
+
+
+def set_dev_nodes(ids, missing):
+    for vmid in ids:
+        if not os.path.isdir(os.path.join(STATE_DIR, "ct", vmid)):
+            raise SystemExit("lab: no lab container %s" % vmid)
+        bad = sorted(set(missing) - set(DEV_NODES))
+        if bad:
+            raise SystemExit("lab: unknown device node(s) %s (known: %s)" % (", ".join(bad), ", ".join(DEV_NODES)))
+        write_text(os.path.join(STATE_DIR, "ct", vmid, "dev-missing"), "".join(n + "\n" for n in sorted(missing)))
+        ensure_dev_nodes(vmid)
+        if lxc_running(vmid) and container_kind(vmid) != "unprivileged":
+            sync_dev_nodes_live(vmid)
+        log("container %s: /dev nodes missing: %s" % (vmid, " ".join(sorted(missing)) or "none"))
+
+
 def lxc_config(vmid, unprivileged=False):
     upper = os.path.join(STATE_DIR, "ct", vmid, "upper")
     lower = shifted_rootfs_path() if unprivileged else rootfs_path()
@@ -268,11 +335,11 @@ def lxc_config(vmid, unprivileged=False):
         "lxc.apparmor.profile = unconfined",
         "lxc.autodev = 1",
         "lxc.init.cmd = /sbin/init",
-        "",
-    ])
+    ] + ["lxc.mount.entry = %s dev/%s none bind,optional,create=file" % (os.path.join(dev_dir(vmid), name), name)
+         for name in DEV_NODES] + [""])
 
 
-def pve_config(vmid, unprivileged=False, machine=None):
+def pve_config(vmid, unprivileged=False, machine=None, lock=None):
     """The container's config as Proxmox's pve-container writes it: description (`#` lines)
     first, then `key: value` lines sorted by key; `unprivileged: 1` only for an unprivileged one
     (Proxmox writes no line for a privileged container)."""
@@ -280,6 +347,8 @@ def pve_config(vmid, unprivileged=False, machine=None):
     keys = {"arch": PVE_ARCH.get(machine, machine), "hostname": "ct%s" % vmid, "ostype": "debian"}
     if unprivileged:
         keys["unprivileged"] = "1"
+    if lock:
+        keys["lock"] = lock
     return "#written by dflash.trainer lab/lab.py (LXC runs %s/%s/config)\n" % (LXC_PATH, vmid) + \
         "".join("%s: %s\n" % (k, keys[k]) for k in sorted(keys))
 
@@ -288,9 +357,33 @@ def pve_config_path(vmid):
     return os.path.join(PVE_LXC_DIR, "%s.conf" % vmid)
 
 
-def write_pve_config(vmid, unprivileged):
+def write_pve_config(vmid, unprivileged, lock=None):
     os.makedirs(PVE_LXC_DIR, mode=0o755, exist_ok=True)
-    write_text(pve_config_path(vmid), pve_config(vmid, unprivileged), 0o640)
+    write_text(pve_config_path(vmid), pve_config(vmid, unprivileged, lock=lock), 0o640)
+
+
+def set_lock(name, ids):
+    """A Proxmox config lock (`lock: backup`, `migrate`, `snapshot`, ...) on each container, or none
+    (name "off"): lab/pct's start/stop/shutdown refuse a locked container, as Proxmox's do."""
+    for vmid in ids:
+        if not os.path.isdir(os.path.join(STATE_DIR, "ct", vmid)):
+            raise SystemExit("lab: no lab container %s" % vmid)
+        write_pve_config(vmid, container_kind(vmid) == "unprivileged", lock=None if name == "off" else name)
+        log("%s: lock %s" % (pve_config_path(vmid), name))
+
+
+def set_pct_errno(value, ids):
+    """lab/pct's exit status for its errors in these containers: "off" = 255 (the lab's default), else
+    Perl's die with errno ``value`` current (a missing config: ENOENT, 2)."""
+    os.makedirs(PCT_CONF_DIR, exist_ok=True)
+    for vmid in ids:
+        path = os.path.join(PCT_CONF_DIR, "pct-errno.%s" % vmid)
+        if value == "off":
+            if os.path.exists(path):
+                os.unlink(path)
+        else:
+            write_text(path, "%d\n" % int(value))
+        log("%s: pct errors exit %s" % (path, "255" if value == "off" else "as die with errno %s" % value))
 
 
 def ensure_dirs(upper, lower, rel_dir, root_id):
@@ -375,6 +468,7 @@ def ensure_container(vmid, unprivileged=False):
     with open(os.path.join(conf_dir, "config"), "w") as fh:
         fh.write(lxc_config(vmid, unprivileged) + extra_config(vmid))
     write_pve_config(vmid, unprivileged)
+    ensure_dev_nodes(vmid)
     if not lxc_running(vmid):
         seed_container(vmid, unprivileged)
         run(["lxc-start", "-n", vmid, "-d"])
@@ -389,6 +483,8 @@ def ensure_container(vmid, unprivileged=False):
                 data = fh.read()
             run(["lxc-attach", "-n", vmid, "--", "sh", "-c", 'cat > "$1.new" && chmod "$2" "$1.new" && mv "$1.new" "$1"',
                  "sh", rel, mode], input=data)
+        if not unprivileged:  # started before its config bound the device nodes: made in place
+            sync_dev_nodes_live(vmid)
     state = wait_booted(vmid)
     log("container %s%s: systemd %s" % (vmid, " (unprivileged)" if unprivileged else "", state))
 
@@ -594,6 +690,8 @@ def reset(vmid):
         run(["lxc-stop", "-n", vmid, "-k"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for layer in ("upper", "work"):
         shutil.rmtree(os.path.join(STATE_DIR, "ct", vmid, layer), ignore_errors=True)
+    if os.path.exists(os.path.join(STATE_DIR, "ct", vmid, "dev-missing")):  # every device node, as new
+        os.unlink(os.path.join(STATE_DIR, "ct", vmid, "dev-missing"))
     log("container %s reset" % vmid)
 
 
@@ -891,6 +989,18 @@ def status():
     print("sshd %s" % ("running pid %d" % sshd_pid() if sshd_pid() else "stopped"))
 
 
+def _errno_arg(text):
+    if text != "off" and not (text.isdigit() and int(text) < 256):
+        raise argparse.ArgumentTypeError("an errno 0-255 or off")
+    return text
+
+
+def _lock_arg(text):
+    if not re.fullmatch(r"[a-z][a-z-]*", text):
+        raise argparse.ArgumentTypeError("a Proxmox lock name (backup, migrate, snapshot, ...) or off")
+    return text
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="lab", description=__doc__.split("\n", maxsplit=1)[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -916,6 +1026,17 @@ def main(argv=None):
     d = sub.add_parser("delay", help="seconds each pct call waits first (Proxmox's start-up); 0: none")
     d.add_argument("seconds", type=float)
     d.add_argument("--ids", nargs="+", default=None, help="only these containers (default: every call)")
+    e = sub.add_parser("pct-errno", help="pct's errors for these containers exit as Proxmox's Perl does: die with "
+                                         "errno N current (0: 255), a missing config 2; off: always 255")
+    e.add_argument("value", type=_errno_arg)
+    e.add_argument("--ids", nargs="+", required=True)
+    lk = sub.add_parser("lock", help="a Proxmox config lock on these containers (backup, migrate, snapshot, ...); off: none")
+    lk.add_argument("name", type=_lock_arg)
+    lk.add_argument("--ids", nargs="+", required=True)
+    dn = sub.add_parser("dev-nodes", help="the /dev/nvidia* device nodes these containers get from the node "
+                                          "(bind-mounted; all by default): --missing NAME... leaves those out")
+    dn.add_argument("--ids", nargs="+", required=True)
+    dn.add_argument("--missing", nargs="*", default=[], help="e.g. nvidia-uvm (as after a node reboot)")
     g = sub.add_parser("node-gpus", help="containers whose simulated GPUs are the node's (its nvidia-smi shows "
                                          "their holders under host PIDs); no --ids: none")
     g.add_argument("--ids", nargs="*", default=[])
@@ -931,7 +1052,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("lab: must run as root (LXC containers, /usr/sbin/pct, sshd)")
-    if args.cmd in ("up", "down", "allow", "delay", "node-gpus", "torch", "group") and args.ids:
+    if args.cmd in ("up", "down", "allow", "delay", "node-gpus", "torch", "group", "pct-errno", "lock", "dev-nodes") and args.ids:
         bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
@@ -956,6 +1077,12 @@ def run_command(args):
         group_up(args.name, args.ids, args.fresh)
     elif args.cmd == "node-gpus":
         node.set_tenants(args.ids)
+    elif args.cmd == "pct-errno":
+        set_pct_errno(args.value, args.ids)
+    elif args.cmd == "dev-nodes":
+        set_dev_nodes(args.ids, args.missing)
+    elif args.cmd == "lock":
+        set_lock(args.name, args.ids)
     elif args.cmd == "delay":
         if args.seconds < 0:
             raise SystemExit("lab: the delay is seconds >= 0")

@@ -56,6 +56,9 @@ DEFAULTS = {
     # Other tenants' memory per GPU ({"3": 20000}): counted in memory.used and against
     # allocations, never in this container's PID namespace.
     "foreign_mib": {},
+    # nvidia-smi's exit status (nvidia-smi(1) RETURN VALUE), null: 0. 14 (infoROM corrupted) prints
+    # the normal output and exits 14 (a warning); any other code prints that failure's text instead.
+    "exit_code": None,
 }
 PASSTHROUGH_MODES = (None, "empty", "host_pids")
 # host PID shown for a holder under "host_pids": beyond any PID of the container (its pid_max
@@ -69,6 +72,25 @@ DRIVER_ERROR_TEXT = (
 )
 # PCI bus numbers of an 8-GPU HGX board; more GPUs get synthetic ones.
 _BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+
+# what nvidia-smi prints for each failing exit status (written from nvidia-smi(1) RETURN VALUE and
+# the messages users report); 14 is not here: it comes with the normal output
+EXIT_TEXTS = {
+    2: "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.",
+    3: "This operation is not supported on the current device.",
+    4: "Insufficient Permissions",
+    6: "No devices were found",
+    8: "Unable to determine the device handle for GPU 0000:18:00.0: A device's external power cables are "
+       "not properly attached.",
+    9: DRIVER_ERROR_TEXT,
+    12: "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA "
+        "Display Driver is properly installed and present in your system.",
+    15: "Unable to determine the device handle for GPU 0000:18:00.0: GPU is lost.  Reboot the system to "
+        "recover this GPU",
+    255: "Unknown Error",
+}
+EXIT_CODES = (2, 3, 4, 6, 8, 9, 12, 14, 15, 255)
 
 
 class FakeGPUError(RuntimeError):
@@ -117,6 +139,10 @@ def load_config(path=None):
     cfg["foreign_mib"] = {str(k): int(v) for k, v in (cfg.get("foreign_mib") or {}).items() if int(v) > 0}
     if cfg["passthrough"] in (False, "off", ""):
         cfg["passthrough"] = None
+    if cfg.get("exit_code") in (0, "", False):
+        cfg["exit_code"] = None
+    if cfg["exit_code"] is not None and cfg["exit_code"] not in EXIT_CODES:
+        raise ValueError("%s: exit_code must be null or one of %s, not %r" % (path, EXIT_CODES, cfg["exit_code"]))
     if cfg["passthrough"] not in PASSTHROUGH_MODES:
         raise ValueError("%s: passthrough must be null, \"empty\" or \"host_pids\", not %r"
                          % (path, cfg["passthrough"]))
@@ -764,7 +790,13 @@ def smi(argv, view=None):
         if view is None:
             if os.path.exists(os.path.join(state_dir(), "driver_error")):
                 raise _SmiExit(9, DRIVER_ERROR_TEXT + "\n")
-            gpus = container_view(snapshot(), load_config()["passthrough"])
+            cfg = load_config()
+            if cfg["exit_code"] in EXIT_TEXTS:
+                raise _SmiExit(cfg["exit_code"], EXIT_TEXTS[cfg["exit_code"]] + "\n")
+            if cfg["exit_code"] == 14:  # infoROM corrupted: the normal answer, then exit 14
+                rc, text = smi(argv, view=lambda: container_view(snapshot(), cfg["passthrough"]))
+                return (14 if rc == 0 else rc), text
+            gpus = container_view(snapshot(), cfg["passthrough"])
         else:
             gpus = view()
         if not gpus:
@@ -922,6 +954,8 @@ def main(argv=None):
                        help="make nvidia-smi hang (forever, or answer after SECONDS); off: answer")
     p_cfg.add_argument("--passthrough", choices=("off", "empty", "host-pids"),
                        help="nvidia-smi's process view as in an LXC container with GPUs passed through")
+    p_cfg.add_argument("--exit-code", choices=("off",) + tuple(str(c) for c in EXIT_CODES),
+                       help="nvidia-smi exits with this status (14: with its normal output); off: 0")
     p_cfg.add_argument("--foreign", action="append", default=[], metavar="INDEX=MIB",
                        help="another tenant holds MIB on GPU INDEX (0 removes it)")
     p_cfg.add_argument("--clear-foreign", action="store_true")
@@ -963,6 +997,8 @@ def main(argv=None):
         changes["errors"] = errors
     if args.passthrough:
         changes["passthrough"] = None if args.passthrough == "off" else args.passthrough.replace("-", "_")
+    if args.exit_code:
+        changes["exit_code"] = None if args.exit_code == "off" else int(args.exit_code)
     if args.foreign or args.clear_foreign:
         foreign = {} if args.clear_foreign else dict(load_config()["foreign_mib"])
         for item in args.foreign:

@@ -22,8 +22,9 @@ description:
     fails with a clear message.
   - Known failures of the transport become C(AnsibleConnectionFailure) (the host is reported
     UNREACHABLE) with a message naming the container and the host - container not running,
-    unknown VMID, host unreachable, authentication failure, host key not accepted, sudo refusing
-    or pct missing on the host. Every call prints a mark on stderr first thing in the container
+    unknown VMID, container locked by Proxmox (told by the texts of pct at any exit status, since
+    a Perl C(die) exits with the errno of the moment), host unreachable, authentication failure,
+    host key not accepted, sudo refusing or pct missing on the host. Every call prints a mark on stderr first thing in the container
     (removed from what the task sees); once it has, the exit status and the texts are the
     command's own, whatever they say - 255, an C(ssh) or a C(sudo:) error of a command run in
     the container included - and are returned to the task.
@@ -387,11 +388,16 @@ _SSH_AUTH = re.compile(r".*Permission denied \(.*|Too many authentication failur
 _SSH_HOSTKEY = re.compile(r"Host key verification failed.*|.*REMOTE HOST IDENTIFICATION HAS CHANGED.*")
 _SSH_HOSTKEY_CHANGED = re.compile(r".*REMOTE HOST IDENTIFICATION HAS CHANGED.*")
 _SSH_HOSTKEY_UNKNOWN = re.compile(r"No \S+ host key is known for .*")
-# stderr of Proxmox's pct (exit 255).
+# stderr of Proxmox's pct. pct is Perl and its CLI handler does not catch a `die`: the exit status is
+# the errno current at the die (ENOENT = 2 after the failed open of a missing config), 255 only when
+# errno is 0 (perlfunc `die`; pve-common CLIHandler run_cli_handler). So these are told by their texts,
+# at any exit status, as long as the container never ran the command (no STARTED_MARK).
 _PCT_NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist.*")
 _PCT_NOT_RUNNING = re.compile(
     r"(?:Error: )?container '?\d+'? not running!?.*|can only (?:push|pull) files (?:to|from) a running (?:CT|VM).*"
     r"|CT \d+ not running.*")
+# a Proxmox config lock (`lock: backup` during vzdump, migrate, snapshot, ...): AbstractConfig check_lock
+_PCT_LOCKED = re.compile(r"(?:CT|VM) is locked \((?P<lock>[\w-]+)\).*")
 _PCT_BAD_VMID = re.compile(r"400 Parameter verification failed\..*|vmid: invalid format.*")
 # stderr of `sudo -n` itself when it refuses to run pct (exit 1), old and new sudo wordings.
 _SUDO_REFUSED = re.compile(
@@ -423,6 +429,30 @@ def split_started(stderr: bytes) -> tuple[bool, bytes]:
     return True, stderr[:match.start()] + stderr[match.end():]
 
 
+def pct_refusal(stderr: str, where: str, vmid: str) -> str | None:
+    """Words for pct refusing the call (no such container, not running, locked, bad id), or None.
+
+    Any exit status: a Perl `die` in pct exits with whatever errno was current (2, 5, 11, ...) and
+    255 only when errno was 0, so the status says nothing; the callers only ask before the command
+    ran (no STARTED_MARK), when no text can be the command's own."""
+    line = _first(_PCT_NO_CONFIG, stderr)
+    if line:
+        return "no container %s on %s: %s" % (vmid, where, line)
+    line = _first(_PCT_NOT_RUNNING, stderr)
+    if line:
+        return "container %s is not running on %s: %s" % (vmid, where, line)
+    line = _first(_PCT_LOCKED, stderr)
+    if line:
+        return ("container %s is locked by Proxmox (%s) on %s: %s - wait for the %s to end, or "
+                "`pct unlock %s` on the node if nothing holds it" % (
+                    vmid, _PCT_LOCKED.fullmatch(line).group("lock"), where, line,
+                    _PCT_LOCKED.fullmatch(line).group("lock"), vmid))
+    line = _first(_PCT_BAD_VMID, stderr)
+    if line:
+        return "invalid container id %r on %s: %s" % (vmid, where, " ".join(stderr.split()))
+    return None
+
+
 def classify_failure(rc: int, stderr: str, host: str, vmid: str, pct_path: str = "/usr/sbin/pct",
                      local: bool = False, sudo: bool = False, started: bool = False) -> str | None:
     """Message for AnsibleConnectionFailure when (rc, stderr) is a transport failure, else None.
@@ -430,23 +460,18 @@ def classify_failure(rc: int, stderr: str, host: str, vmid: str, pct_path: str =
     Pure: the unit test drives it from a table. `started`: the call reached the container (its
     stderr held STARTED_MARK), so nothing is a transport failure - the status and the texts are
     the command's own, even a `sudo: ...` or an ssh error of a command run in the container.
-    Before that, ssh and pct both exit 255 and are told apart by their messages; sudo (only when
+    Before that, pct's refusals are told by their texts at any exit status (pct_refusal: a Perl
+    `die` exits with the errno of the moment); ssh exits 255 and is told by its texts; sudo (only when
     `sudo`, i.e. pct_sudo, put it there) exits 1 with its own texts. Anything unrecognised is
     returned to the task as it is.
     """
     if started:
         return None
     where = "this host (local pct)" if local else host
+    msg = pct_refusal(stderr, where, vmid)
+    if msg:
+        return msg
     if rc == 255:
-        line = _first(_PCT_NO_CONFIG, stderr)
-        if line:
-            return "no container %s on %s: %s" % (vmid, where, line)
-        line = _first(_PCT_NOT_RUNNING, stderr)
-        if line:
-            return "container %s is not running on %s: %s" % (vmid, where, line)
-        line = _first(_PCT_BAD_VMID, stderr)
-        if line:
-            return "invalid container id %r on %s: %s" % (vmid, where, " ".join(stderr.split()))
         if not local:
             line = _first(_SSH_AUTH, stderr)
             if line:

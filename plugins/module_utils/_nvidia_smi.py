@@ -15,7 +15,9 @@ holders.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "gpu_uuid", "used_memory")
@@ -47,10 +49,28 @@ EXIT_CODES = {
     3: "not supported",
     4: "no permission",
     6: "not found",
+    8: "external power cables not attached",
     9: "driver not loaded",
     12: "NVML not found",
+    14: "infoROM corrupted",
     15: "GPU fell off the bus",
     255: "other error",
+}
+
+# Statuses that come with valid output and only warn (nvidia-smi(1): "the infoROM is corrupted"):
+# the output is used, the words are shown.
+WARNING_CODES = {
+    14: "a GPU's infoROM is corrupted (nvidia-smi exit 14; its output is used): the GPU works, but have "
+        "its infoROM looked at on the node (`nvidia-smi -q` there shows the InfoROM section)",
+}
+
+# Statuses that are the node's fault, never the trainer's: nothing a deploy does inside the container
+# fixes them, so they refuse before anything changes, and a release is never blamed for them.
+NODE_FAULTS = {
+    9: "the NVIDIA driver on the node is not loaded or does not answer: load it there (`nvidia-smi` on "
+       "the node must work) and make the container's driver user-space the node's version",
+    15: "a GPU fell off the bus: the node needs that GPU reset or the node rebooted (the node's `dmesg` "
+        "names it, Xid 79)",
 }
 
 # Texts that mean "no usable GPU", whatever the exit status says.
@@ -77,7 +97,13 @@ _LIST_MIG_RE = re.compile(
 
 
 class NvidiaSmiError(ValueError):
-    """Output that cannot be what nvidia-smi prints for the query we made."""
+    """Output that cannot be what nvidia-smi prints for the query we made, or a failed nvidia-smi.
+    ``rc``: its exit status when it failed; ``node_fault``: the status is the node's fault (NODE_FAULTS)."""
+
+    def __init__(self, msg, rc=None):
+        super().__init__(msg)
+        self.rc = rc
+        self.node_fault = rc in NODE_FAULTS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,16 +138,36 @@ def failure_message(rc, stdout="", stderr=""):
     """Return "nvidia-smi failed (exit 9: driver not loaded): <output>", or None when fine.
 
     A zero exit with a known failure text ("No devices were found", "Failed to initialize
-    NVML: ...") is a failure too.
+    NVML: ...") is a failure too. A warning status (WARNING_CODES: 14) with output is no failure
+    (warning_message says it); one without output is. A node's fault (NODE_FAULTS: 9, 15) says so
+    and what to do on the node.
     """
     output = " ".join(part.strip() for part in (stderr or "", stdout or "") if part and part.strip())
     output = re.sub(r"\s*\n\s*", " ", output)
-    if rc == 0:
+    if rc == 0 or (rc in WARNING_CODES and (stdout or "").strip()):
         for text in FAILURE_TEXTS:
             if text in (stdout or "") or text in (stderr or ""):
-                return "nvidia-smi failed (exit 0): %s" % output
+                return "nvidia-smi failed (exit %d): %s" % (rc, output)
         return None
-    return "nvidia-smi failed (exit %d: %s): %s" % (rc, exit_meaning(rc), output or "(no output)")
+    msg = "nvidia-smi failed (exit %d: %s): %s" % (rc, exit_meaning(rc), output or "(no output)")
+    if rc in NODE_FAULTS:
+        msg += " - the node's fault, not the trainer's: " + NODE_FAULTS[rc]
+    return msg
+
+
+def warning_message(rc, stdout=""):
+    """Words for a status that only warns (WARNING_CODES) and came with output, else None."""
+    if rc in WARNING_CODES and (stdout or "").strip():
+        return WARNING_CODES[rc]
+    return None
+
+
+def _check(rc, out, err):
+    """failure_message raised as NvidiaSmiError (with rc), else the warning (or None)."""
+    msg = failure_message(rc, out, err)
+    if msg:
+        raise NvidiaSmiError(msg, rc=rc)
+    return warning_message(rc, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,16 +495,14 @@ def read_gpus(run, nvidia_smi="nvidia-smi", processes=True, name_of=None):
     from ``name_of(pid)`` (default: this machine's ``/proc/<pid>/comm``; None where the pid is not
     visible, as for the host PIDs the driver reports inside a container)."""
     rc, out, err = _run_smi(run, query_gpu_argv(nvidia_smi))
-    msg = failure_message(rc, out, err)
-    if msg:
-        raise NvidiaSmiError(msg)
+    warning = _check(rc, out, err)
     gpus = parse_query_gpu(out)
-    warnings = []
+    warnings = [warning] if warning else []
     apps = []
     if processes:
         try:
             rc, out, err = _run_smi(run, query_node_apps_argv(nvidia_smi))
-            msg = failure_message(rc, out, err)
+            msg = failure_message(rc, out, err) if rc not in WARNING_CODES else None
         except NvidiaSmiError as e:  # it hung: the memory figures we have still count
             msg = str(e)
         if msg:
@@ -490,20 +534,89 @@ def read_node_gpus(run, nvidia_smi="nvidia-smi"):
     on a GPU the GPU query did not list are dropped with a warning (their memory stays
     unattributed, never the trainer's)."""
     rc, out, err = _run_smi(run, query_gpu_argv(nvidia_smi))
-    msg = failure_message(rc, out, err)
-    if msg:
-        raise NvidiaSmiError(msg)
+    warning = _check(rc, out, err)
     gpus = parse_query_gpu(out)
     rc, out, err = _run_smi(run, query_node_apps_argv(nvidia_smi))
-    msg = failure_message(rc, out, err)
-    if msg:
-        raise NvidiaSmiError(msg)
+    if rc not in WARNING_CODES:  # a warning status: the GPU query already said it; the output counts
+        _check(rc, out, err)
     apps, malformed = parse_node_apps(out)
     if malformed:
         raise NvidiaSmiError(malformed_message(malformed))
     known = {g.get("uuid") for g in gpus if g.get("uuid")}
-    warnings = ["process list: pid %d holds %s MiB on %s, a GPU --query-gpu did not list (not attributed)"
+    warnings = [warning] if warning else []
+    warnings += ["process list: pid %d holds %s MiB on %s, a GPU --query-gpu did not list (not attributed)"
                 % (a["pid"], a["used_memory_mib"], a["gpu_uuid"]) for a in apps if a["gpu_uuid"] not in known]
     for a in apps:
         a["process_name"] = None  # never asked: the node's /proc names the process
     return join_processes(gpus, apps), warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# the device nodes CUDA opens in the container
+# The device nodes the CUDA runtime opens inside the container (pure judge + one small read).
+#
+# On a Proxmox node the container sees the GPUs through bind-mounted ``/dev/nvidia*`` nodes
+# (``lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file``). nvidia-smi
+# needs only ``/dev/nvidiactl`` and ``/dev/nvidiaN``; every CUDA process also needs
+# ``/dev/nvidia-uvm``, which exists on the node only once something loaded the UVM module (a CUDA
+# process there, or ``nvidia-modprobe -u -c=0``). After a node reboot nvidia-smi works in the
+# container while every CUDA start fails - and an ``optional`` bind of a missing node leaves an
+# empty regular file in its place. So each node must be a character device, judged before the stop.
+# ``/dev/nvidia-uvm-tools`` is used by profilers only (CUPTI, Nsight): missing, it is a warning.
+
+
+DEVICE_NODES = ("nvidiactl", "nvidia-uvm")
+DEVICE_NODES_OPTIONAL = ("nvidia-uvm-tools",)
+_GPU_NODE = re.compile(r"^nvidia(\d+)$")
+
+UVM_REMEDY = ("on the node run `nvidia-modprobe -u -c=0` (loads nvidia-uvm and creates /dev/nvidia-uvm and "
+              "/dev/nvidia-uvm-tools; make it survive reboots, e.g. a systemd unit there), then restart the "
+              "container (`pct reboot VMID`) so its bind mounts pick the nodes up")
+BIND_REMEDY = ("bind-mount it from the node in the container's config (/etc/pve/lxc/VMID.conf: `lxc.mount.entry: "
+               "/dev/{name} dev/{name} none bind,optional,create=file` and `lxc.cgroup2.devices.allow: c MAJOR:* rwm`)"
+               " and restart the container")
+
+
+def read_nodes(dev="/dev"):
+    """{name: kind} for the nvidia* entries of ``dev``: "chr" (a character device), "empty" (an empty
+    regular file: an optional bind of a node the node lacked), or "other"."""
+    out = {}
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith("nvidia"):
+            continue
+        try:
+            st = os.stat(os.path.join(dev, name))
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            out[name] = "chr"
+        elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            out[name] = "empty"
+        else:
+            out[name] = "other"
+    return out
+
+
+def _remedy(name):
+    return UVM_REMEDY if name.startswith("nvidia-uvm") else BIND_REMEDY.format(name=name)
+
+
+def _state(kind):
+    return "missing" if kind is None else ("an empty file, not a device" if kind == "empty" else "not a device")
+
+
+def node_problems(nodes):
+    """(problems, warnings): words for each required node that is not a character device (missing, or
+    left as an empty file), with how to create it on the node; the same for optional ones as warnings."""
+    problems = ["/dev/%s is %s in the container (CUDA cannot start without it): %s" % (
+        name, _state(nodes.get(name)), _remedy(name)) for name in DEVICE_NODES if nodes.get(name) != "chr"]
+    if not any(_GPU_NODE.match(n) and k == "chr" for n, k in nodes.items()):
+        problems.append("no /dev/nvidiaN GPU node in the container (CUDA sees no GPU): " +
+                        BIND_REMEDY.format(name="nvidia0"))
+    warnings = ["/dev/%s is %s in the container (profilers need it; training does not): %s" % (
+        name, _state(nodes.get(name)), _remedy(name)) for name in DEVICE_NODES_OPTIONAL if nodes.get(name) != "chr"]
+    return problems, warnings

@@ -14,8 +14,10 @@ from ansible_collections.dflash.trainer.plugins.module_utils._ledger import ledg
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
     locate,
+    node_problems,
     not_found_message,
     read_gpus,
+    read_nodes,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._status import (
     gpu_fields,
@@ -92,7 +94,17 @@ def read_status(module, p, run, systemctl):
         result["gpu_error"] = not_found_message(p["nvidia_smi"])
     else:
         try:
-            result.update(gpu_fields(read_gpus(run, nvidia_smi, processes=False)[0]))
+            gpus, warnings = read_gpus(run, nvidia_smi, processes=False)
+            result.update(gpu_fields(gpus))
+            # nvidia-smi answers without /dev/nvidia-uvm; CUDA does not: the nodes are judged too
+            problems, node_warnings = node_problems(read_nodes())
+            if problems:
+                result["device_problems"] = problems
+            warnings = warnings + node_warnings
+            if warnings:  # a status that only warns (infoROM corrupted): the figures are used
+                result["gpu_warnings"] = warnings
         except NvidiaSmiError as e:
             result["gpu_error"] = str(e)
+            if e.node_fault:  # the node's, never the trainer's: refused before anything changes
+                result["gpu_node_fault"] = True
     return result

@@ -85,9 +85,16 @@ def target_problems(v, gpus=None, unit=None, unit_path=None):
     unit (load_state, fragment_path, description).
     """
     problems = []
-    if unit is not None and unit.get("gpu_error"):
+    if unit is not None and unit.get("gpu_error") and unit.get("gpu_node_fault"):
+        problems.append(Problem("the node", "nvidia-smi in the container says the node is at fault, not the "
+                                "trainer: %s" % unit["gpu_error"], "a node whose driver and GPUs answer (nothing "
+                                "was stopped or changed; deploy again once the node is fixed)", show_value=False))
+    elif unit is not None and unit.get("gpu_error"):
         problems.append(Problem("trainer_nvidia_smi", "nvidia-smi failed on the target: %s" % unit["gpu_error"],
                                 "an nvidia-smi that lists the trainer's GPUs", v.get("trainer_nvidia_smi")))
+    for problem in (unit or {}).get("device_problems") or []:
+        problems.append(Problem("the node", problem, "the device nodes CUDA opens, as character devices in the "
+                                "container (nothing was stopped or changed)", show_value=False))
     if gpus is not None and "trainer_gpus" in v:
         have = {g.get("index"): g for g in gpus}
         wanted = gpu_indexes(v["trainer_gpus"])

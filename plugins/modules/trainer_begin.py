@@ -353,6 +353,8 @@ def main():
     systemctl = module.get_bin_path("systemctl", required=True)
     run = ModuleRunner(module)  # each command bounded: 30 s
     result = read_status(module, p, run, systemctl)
+    for warning in result.get("gpu_warnings") or []:
+        module.warn(warning)
     if p["trainer_root"]:
         result["releases"] = order_newest_first(list_releases(p["trainer_root"]))
     if p["install"]:
@@ -360,7 +362,9 @@ def main():
         if diff:  # diff mode: the files the deploy installs, the environment masked
             result["diff"] = diff
     plan = result["plan"] = make_plan(p["intent"], result, result.get("install"), settings=p["settings"])
-    problems = [str(x) for x in target_problems(p["checks"], result.get("gpus") or [], result,
+    # a stop starts no CUDA process: missing device nodes refuse only what starts the trainer
+    read = dict(result, device_problems=None) if p["intent"]["entry"] == "stop" else result
+    problems = [str(x) for x in target_problems(p["checks"], result.get("gpus") or [], read,
                                                 unit_path_of(p["unit"]))] if p["checks"] else []
     if problems:  # before any change, the lock freed: the read refutes an input
         plan["refused"] = message(problems)

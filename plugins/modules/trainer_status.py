@@ -268,6 +268,25 @@ gpu_error:
   returned: when nvidia-smi is missing or failed
   type: str
   sample: "nvidia-smi failed (exit 9: driver not loaded): ..."
+gpu_node_fault:
+  description: V(true) when RV(gpu_error) is the node's fault, never the trainer's (nvidia-smi exit 9, driver not
+    loaded, or 15, a GPU fell off the bus).
+  returned: when nvidia-smi failed with such a status
+  type: bool
+  sample: true
+device_problems:
+  description: The device nodes CUDA needs that the container lacks (C(/dev/nvidiactl), C(/dev/nvidia-uvm), a
+    C(/dev/nvidiaN)), each with how to create it on the node; a deploy refuses them before anything changes.
+  returned: when nvidia-smi answered and a node is missing or not a character device
+  type: list
+  elements: str
+  sample: ["/dev/nvidia-uvm is missing in the container (CUDA cannot start without it): on the node run ..."]
+gpu_warnings:
+  description: What nvidia-smi warned about while its output was used (exit 14, a GPU's infoROM corrupted).
+  returned: when nvidia-smi warned
+  type: list
+  elements: str
+  sample: ["a GPU's infoROM is corrupted (nvidia-smi exit 14; its output is used): ..."]
 log_release:
   description: Release id in the current invocation's marker line.
   returned: when O(log_path) is set

@@ -565,3 +565,28 @@ def test_node_view_prints_the_name_a_process_gives_itself_unquoted(state, tmp_pa
         kill(hostile)
         kill(plain)
     assert fakegpu.argv0_name(hostile.pid) == fakegpu.NOT_FOUND
+
+
+# --------------------------------------------------------------------------------------------
+# nvidia-smi's exit statuses (nvidia-smi(1) RETURN VALUE), per container through config.json
+
+@pytest.mark.parametrize("code", fakegpu.EXIT_CODES)
+def test_nvidia_smi_exits_with_each_documented_status(state, code):
+    ok_rc, ok_out = smi("--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
+    assert ok_rc == 0 and ok_out.startswith("0, ")
+    assert fakegpu.main(["config", "--exit-code", str(code)]) == 0
+    rc, out = smi("--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
+    assert rc == code
+    if code == 14:  # infoROM corrupted: the normal answer comes with it
+        assert out == ok_out
+    else:
+        assert out == fakegpu.EXIT_TEXTS[code] + "\n"
+    assert fakegpu.main(["config", "--exit-code", "off"]) == 0
+    assert smi("--query-gpu=index,memory.used", "--format=csv,noheader,nounits") == (0, ok_out)
+
+
+def test_an_unknown_exit_code_in_config_is_refused(state):
+    with pytest.raises(ValueError, match="exit_code"):
+        fakegpu.write_config(exit_code=7)  # written, then read back: refused
+    with pytest.raises(ValueError, match="exit_code"):
+        fakegpu.load_config()

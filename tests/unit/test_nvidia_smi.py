@@ -154,13 +154,20 @@ def test_list_rejects_garbage():
     (0, "0, GPU-a, X, 1, 2, 3\n", "", None),
     (9, fixture("driver_not_loaded.txt"), "",
      "nvidia-smi failed (exit 9: driver not loaded): NVIDIA-SMI has failed because it couldn't "
-     "communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."),
+     "communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+     " - the node's fault, not the trainer's: " + smi.NODE_FAULTS[9]),
     (12, "", "NVML library not found\n", "nvidia-smi failed (exit 12: NVML not found): NVML library not found"),
     (2, "", "", "nvidia-smi failed (exit 2: invalid argument): (no output)"),
     (3, "", "", "nvidia-smi failed (exit 3: not supported): (no output)"),
     (4, "", "", "nvidia-smi failed (exit 4: no permission): (no output)"),
     (6, fixture("no_devices.txt"), "", "nvidia-smi failed (exit 6: not found): No devices were found"),
-    (15, "", "", "nvidia-smi failed (exit 15: GPU fell off the bus): (no output)"),
+    (15, "", "", "nvidia-smi failed (exit 15: GPU fell off the bus): (no output) - the node's fault, not the "
+     "trainer's: " + smi.NODE_FAULTS[15]),
+    (8, "", "", "nvidia-smi failed (exit 8: external power cables not attached): (no output)"),
+    # 14 (infoROM corrupted) comes with valid output: no failure, only a warning (warning_message)
+    (14, "0, GPU-a, X, 1, 2, 3\n", "", None),
+    (14, "", "", "nvidia-smi failed (exit 14: infoROM corrupted): (no output)"),
+    (14, fixture("no_devices.txt"), "", "nvidia-smi failed (exit 14): No devices were found"),
     (255, fixture("nvml_mismatch.txt"), "",
      "nvidia-smi failed (exit 255: other error): Failed to initialize NVML: Driver/library version mismatch"),
     (0, fixture("no_devices.txt"), "", "nvidia-smi failed (exit 0): No devices were found"),
@@ -221,6 +228,35 @@ def test_read_gpus_failure_and_process_warning():
     run = FakeRun(gpu=(0, fixture("h200x8_query_gpu.txt"), ""))
     smi.read_gpus(run, processes=False)
     assert len(run.calls) == 1
+
+
+@pytest.mark.parametrize("rc", sorted(smi.EXIT_CODES))
+def test_every_documented_exit_status_is_named(rc):
+    """nvidia-smi(1) RETURN VALUE: each status has words; only 9 and 15 are the node's fault; only 14
+    is a warning."""
+    assert smi.exit_meaning(rc) != "unknown exit status"
+    assert (rc in smi.NODE_FAULTS) == (rc in (9, 15))
+    assert (rc in smi.WARNING_CODES) == (rc == 14)
+
+
+def test_read_gpus_exit_14_uses_the_output_and_warns():
+    run = FakeRun(gpu=(14, fixture("h200x8_query_gpu.txt"), ""),
+                  apps=(14, fixture("h200x8_compute_apps_uuid_pid_mib.txt"), ""))
+    gpus, warnings = smi.read_gpus(run, name_of=lambda pid: None)
+    assert len(gpus) == 8 and gpus[4]["memory_used_mib"] == 130013
+    assert gpus[4]["processes"][0]["pid"] == 1234  # the process list counted too
+    assert warnings == [smi.WARNING_CODES[14]] and "infoROM" in warnings[0]
+    node_gpus, node_warnings = smi.read_node_gpus(run)
+    assert node_gpus[4]["processes"][0]["pid"] == 1234 and node_warnings == [smi.WARNING_CODES[14]]
+
+
+@pytest.mark.parametrize("rc,node_fault", [(15, True), (9, True), (4, False), (255, False), (12, False)])
+def test_read_gpus_failure_says_whose_fault(rc, node_fault):
+    for read in (smi.read_gpus, smi.read_node_gpus):
+        with pytest.raises(smi.NvidiaSmiError) as info:
+            read(FakeRun(gpu=(rc, "Unable to determine the device handle for GPU 0000:18:00.0: GPU is lost.\n", "")))
+        assert info.value.rc == rc and info.value.node_fault is node_fault
+        assert ("the node's fault" in str(info.value)) is node_fault
 
 
 def test_locate(tmp_path):

@@ -65,6 +65,14 @@ def test_an_nvidia_smi_error():
                       "accepted: an nvidia-smi that lists the trainer's GPUs")
 
 
+def test_the_nodes_fault_is_named_as_the_node():
+    """nvidia-smi exit 15 / 9 (the read marks gpu_node_fault): refused as the node's problem, not the input's."""
+    err = "nvidia-smi failed (exit 15: GPU fell off the bus): ... - the node's fault, not the trainer's: ..."
+    p = one(t.target_problems(VARS, None, dict(OURS, gpu_error=err, gpu_node_fault=True), PATH))
+    assert p.variable == "the node" and err in str(p) and "nothing was stopped or changed" in str(p)
+    assert "(got" not in str(p)
+
+
 def test_message_and_numbers():
     problems = t.target_problems(dict(VARS, trainer_gpus=[9]), GPUS, dict(OURS, gpu_error="x"), PATH)
     assert t.message(problems) == "\n".join(["refused before any change on the target (2 problems):"] +
