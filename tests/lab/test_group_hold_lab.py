@@ -9,7 +9,7 @@ letting go lets it go on.
   in its drain: the group fails naming it, and every member runs the previous release again (current and
   last good), active;
 - a failed configuration change of the group (trainer_env, same code): every member is back on the last good
-  release and the configuration proved with it (its environment file), active;
+  release and the configuration proved with it (its environment file, the trainer's environment), active;
 - a host of the group's inventory group whose own trainer_group is empty is refused before any change."""
 import json
 import os
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CTS = ("400", "401")
 GROUP = "tg400"
 STATE = "/var/lib/dflash-trainer/restart.json"
-ENV_FILE = "/etc/dflash-trainer/env"
+ENV_FILE = "/etc/dflash-trainer/trainer.env"
 FAST = {"trainer_ready_hold_s": 3, "trainer_ready_stall_s": 3, "trainer_ready_timeout_s": 60,
         "trainer_restart_sec": 1, "trainer_drain_timeout_s": 600}
 
@@ -185,3 +185,17 @@ def test_a_member_whose_own_trainer_group_is_empty_is_refused_before_any_change(
     assert "g1" in res.out and "trainer_group is empty" in res.out, res.out[-3000:]
     assert [unit(lab, ct)["MainPID"] for ct in CTS] == before
     assert all(pointers(lab, ct)[0] == pointers(lab, ct)[1] for ct in CTS)
+
+
+def test_a_failed_configuration_change_puts_every_member_back_on_the_proved_configuration(lab, proved, base):
+    good = pointers(lab, CTS[0])[1]
+    inv_bad = inventory(lab, base / "badenv.json", member_env={"g1": {"FAKE_TRAINER_FAULT": "import_error"}})
+    res = play(inv_bad, tree(base, "r1"))  # the same code: only g1's environment changes
+    assert res.returncode != 0 and "g1:" in res.out, res.out[-4000:]
+    assert "Every member was put back on release %s" % good in res.out, res.out[-4000:]
+    assert [pointers(lab, ct) for ct in CTS] == [(good, good)] * 2
+    for ct in CTS:
+        assert unit(lab, ct)["ActiveState"] == "active"
+        assert "FAKE_TRAINER_FAULT" not in lab.ct(ct, "cat", ENV_FILE).stdout
+        pid = unit(lab, ct)["MainPID"]
+        assert "FAKE_TRAINER_FAULT" not in lab.ct(ct, "cat", "/proc/%s/environ" % pid).stdout
