@@ -7,10 +7,11 @@ from ansible_collections.dflash.trainer.plugins.module_utils._group import (
     failure_words,
     group_plan,
     not_whole,
+    strays,
     verdict,
 )
 
-KINDS = ("whole", "barrier", "plan", "verdict")
+KINDS = ("whole", "barrier", "plan", "verdict", "stray")
 
 
 def _read(members, hostvars, var):
@@ -24,24 +25,45 @@ def _read(members, hostvars, var):
     return out
 
 
+def _own_group(hostvars, member):
+    try:
+        return hostvars[member].get("trainer_group") or ""
+    except KeyError:  # not known here: not judged
+        return None
+
+
+def strays_of(host, hostvars):
+    """Why ``host`` (whose own trainer_group is empty) may not be deployed alone: a host of one of its inventory
+    groups names that group as its trainer_group -> words, or None."""
+    own = hostvars[host].get("group_names") or []
+    for name in own:
+        members = [h for h in hostvars if name in (hostvars[h].get("group_names") or [])]
+        if any(_own_group(hostvars, h) == name for h in members):
+            return strays(name, members, dict((h, _own_group(hostvars, h)) for h in members))
+    return None
+
+
 def trainer_group(members, kind, hostvars, var, what="", in_run=None):
     """``kind`` whole: is every member in this run (``var``: the group's name, ``in_run``: the play's hosts);
     barrier: did every member pass the phase registered as ``var`` (``what`` names it; ``in_run``:
     the hosts still in the play, ansible_play_hosts);
     plan: the group's plan from every member's first read (``var``: its registered result; ``what``: the
     group's name; ``in_run``: the hosts of this run); verdict: was every member's job (``var``) proved."""
+    if kind == "stray":  # (var: this host, whose own trainer_group is empty) -> dict(refused)
+        return dict(refused=strays_of(var, hostvars))
     if kind not in KINDS:
         raise AnsibleFilterError("trainer_group: kind must be one of %s, not %r" % (", ".join(KINDS), kind))
     members = list(members or [])
     if not members:
         raise AnsibleFilterError("trainer_group: the group has no members (is trainer_group an inventory group?)")
     if kind == "whole":  # (var: the group's name) -> dict(refused)
-        return dict(refused=not_whole(var, members, list(in_run or [])))
+        own = dict((m, _own_group(hostvars, m)) for m in members)
+        return dict(refused=strays(var, members, own) or not_whole(var, members, list(in_run or [])))
     results = _read(members, hostvars, var)
     if kind == "barrier":
         return barrier(members, results, what or var, alive=None if in_run is None else list(in_run))
-    if kind == "verdict":
-        return verdict(members, results)
+    if kind == "verdict":  # (what: the group's check, registered on every member; empty - not judged)
+        return verdict(members, results, _read(members, hostvars, what) if what else None)
     return group_plan(what, members, dict((m, (results.get(m) or {}).get("plan") or {}) for m in members),
                       list(in_run or []))
 

@@ -58,6 +58,20 @@ def not_whole(name, members, in_run):
             % (name, ", ".join(outside), "is" if len(outside) == 1 else "are", name))
 
 
+def strays(name, members, own_groups):
+    """Why the group cannot be deployed: a host of its inventory group whose own trainer_group is not ``name``
+    (empty, or another group) - deployed alone it would restart one rank of the job (``own_groups``: member ->
+    its own trainer_group, None or absent: not known); None when every member names the group."""
+    astray = [m for m in members if own_groups.get(m, name) not in (None, name)]
+    if not astray:
+        return None
+    return ("trainer group %s: %s %s in its inventory group but %s trainer_group is %s; give every host of the group "
+            "trainer_group: %s (a rank is never deployed alone); nothing was changed"
+            % (name, ", ".join(astray), "is" if len(astray) == 1 else "are", "its" if len(astray) == 1 else "their",
+               " / ".join(sorted(set(repr(own_groups.get(m) or "") for m in astray)))
+               .replace("''", "empty"), name))
+
+
 def group_plan(name, members, plans, in_run):
     """The group's plan from every member's own (``plans``: member -> trainer_begin's plan) ->
     dict(name, members, restart, reasons (member -> its reasons), release, rollback_release, refused,
@@ -100,9 +114,11 @@ def reasons_words(plan):
     return ["%s: %s" % (m, "; ".join(r)) for m, r in sorted(plan.get("reasons", {}).items())]
 
 
-def verdict(members, jobs):
+def verdict(members, jobs, checks=None):
     """Whether the group's restart was proved: every member's job ended proved (``jobs``: member ->
-    the job's outcome as trainer_restart returned it) -> dict(ok, words, failed)."""
+    the job's outcome as trainer_restart returned it) and, once all had, every member still ran what its
+    job proved when all were looked at again at one moment (``checks``: member -> trainer_restart
+    state=check's result; None: not judged) -> dict(ok, words, failed)."""
     failed = []
     for m in members:
         job = jobs.get(m) or {}
@@ -110,6 +126,17 @@ def verdict(members, jobs):
         if not result.get("ok"):
             why = result.get("msg") or job.get("msg") or _failure(job) or "the job did not finish"
             failed.append((m, str(why).splitlines()[0]))
+    if not failed and checks is not None:
+        for m in members:
+            check = checks.get(m) or {}
+            still = check.get("still") or {}
+            if not still.get("ok"):
+                why = still.get("msg") or _failure(check) or "not checked"
+                failed.append((m, "proved by its own job, then at the group's check: %s" % str(why).splitlines()[0]))
+        if failed:
+            return dict(ok=False, failed=[m for m, _why in failed],
+                        words="trainer group: %d of %d members no longer ran what was proved when every member "
+                              "was proved - %s" % (len(failed), len(members), _listed(failed)))
     if failed:
         return dict(ok=False, failed=[m for m, _why in failed],
                     words="trainer group: %d of %d members failed their proof - %s" % (

@@ -44,7 +44,9 @@ class RestartJob(object):
 
     def __init__(self, steps, layout, rollback=True, purge=True, on_phase=None, clock=time.time,
                  releases_dir="the releases directory", log_path=None, source=None, min_tokps_ratio=None,
-                 lease=None, config=None, config_id=None, release=None, mark_good=True):
+                 lease=None, config=None, config_id=None, release=None, mark_good=True, restore_config=False):
+        # a trainer group's rollback: the configuration proved with the release is put back before its start
+        self.restore_config = restore_config
         # False: a member of a trainer group - proved here, marked good by the play once every member is
         self.marks_good = mark_good
         # the release to run: current is switched to it (under the lease, before the stop); None - current's
@@ -161,6 +163,7 @@ class RestartJob(object):
         self.source = self.source or self._source_of(release, ledger) or "content %s" % release
         config_id = self._config_id_now()  # what this start runs: installed before the job
         try:
+            restored = self._put_back_config(release) if self.restore_config else []
             started, proof = self.cycle(release)
             result.update(restarted=True, started=started)
             figures = proof.get("figures") or {}
@@ -181,9 +184,11 @@ class RestartJob(object):
                     self._keep_config(release)
                 if self.warnings:
                     result["warnings"] = list(self.warnings)
-            self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock(), config=config_id)])
-            result.update(ok=True, proof=proof, outcome="ready: release %s proved (pid %s, step %s, %s tok/s)" % (
-                release, proof.get("main_pid"), proof.get("step"), proof.get("tok_s")))
+            if self.marks_good:  # a group's member: recorded once the group's check has passed (state=good)
+                self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock(), config=config_id)])
+            result.update(ok=True, proof=proof, outcome="ready: release %s proved%s (pid %s, step %s, %s tok/s)%s" % (
+                release, self._config_said(restored), proof.get("main_pid"), proof.get("step"), proof.get("tok_s"),
+                "" if self.marks_good else "; the group's check decides"))
             self.phase("done")
             return result.to_dict()
         except LeaseLost:

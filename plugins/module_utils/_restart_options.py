@@ -29,7 +29,7 @@ def with_proof(params):
 
 
 RESTART_OPTIONS = dict(
-    state=dict(type="str", choices=["start", "run", "wait", "stop", "preflight"], default="start"),
+    state=dict(type="str", choices=["start", "run", "wait", "stop", "preflight", "check", "good"], default="start"),
     job_id=dict(type="str", required=True),
     state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
     wait_s=dict(type="float"),
@@ -65,6 +65,7 @@ RESTART_OPTIONS = dict(
     rollback=dict(type="bool", default=True),
     mark_good=dict(type="bool", default=True),
     keep_lock=dict(type="bool", default=False),
+    restore_config=dict(type="bool", default=False),
     reasons=dict(type="list", elements="str", default=[]),
     owner=dict(type="str", default="unknown"),
     lock_path=dict(type="str", default=""),

@@ -48,6 +48,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._job_state import (
     job_end,
     outcome_words,
     pid_start,
+    read_state,
     write_state,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._ledger import append_ledger, ledger_path, read_ledger
@@ -67,7 +68,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import
 from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import cut, mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import REASON_CHARS
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, REASON_CHARS, entry
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, done, failed, waiting
 
 
@@ -221,7 +222,7 @@ def run_restart(p, systemctl, nvidia_smi, pid=None, make_steps=Steps, release_lo
                           log_path=p["log_path"], source=p["source"] or None,
                           min_tokps_ratio=p["min_tokps_ratio"] or None, lease=keeper, config=config,
                           config_id=lambda: job_config_id(p), release=p.get("release") or None,
-                          mark_good=p.get("mark_good", True))
+                          mark_good=p.get("mark_good", True), restore_config=p.get("restore_config", False))
 
     return run_under_lease(p, record, secrets, pid, "restart job", make_job, release_lock=release_lock)
 
@@ -250,6 +251,30 @@ def run_under_lease(p, record, secrets, pid, what, make_job, release_lock=releas
     result = mask(result, secrets)
     record.finish(result)
     return result
+
+
+def mark_proved(p, systemctl):
+    """After the group's check (trainer_restart O(state=good)): the release this member's job ``p["job_id"]``
+    proved becomes its last good one, the configuration in place is kept beside it and the ledger records it
+    proved -> dict(release, previous). Raises StepFailed when that job did not prove a release."""
+    state = read_state(p["state_path"]) or {}
+    result = state.get("result") or {}
+    if state.get("job_id") != p["job_id"] or not result.get("ok") or not result.get("release"):
+        raise StepFailed("restart job %s did not prove a release here; nothing was marked good" % p["job_id"])
+    release = result["release"]
+    config = ProvedConfig(p["root"], config_files(p, unit_path=p.get("unit_path") or unit_path_of(p["unit"]),
+                                                  launcher_path=p.get("launcher_path"), env_path=p["env_file"]),
+                          Runner(60), systemctl)
+    secrets = sorted(set(read_secrets(p["env_file"])) | set(config.secrets()), key=lambda v: (-len(v), v))
+    layout = Layout(p["root"], secrets)
+    previous = layout.last_good()
+    layout.mark_good(release)
+    config.keep(release)
+    source = p["source"] or next((e["source"] for e in reversed(layout.ledger())
+                                  if e.get("release") == release and e.get("source")), None) or "content %s" % release
+    layout.record([entry(release, PROVED, result.get("figures"), source, "proved with every member of its group",
+                         config=job_config_id(p))])
+    return dict(release=release, previous=previous)
 
 
 def before_start(p, get_bin_path, run, systemctl, install=True):

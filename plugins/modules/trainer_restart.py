@@ -46,9 +46,11 @@ options:
     description: V(start) starts the job detached and returns; V(run) runs it in the foreground
       (for tests); V(wait) watches it; V(stop) starts a deliberate stop the same way as V(start); V(preflight) only
       runs O(preflight) (in the environment of O(install), staged, nothing installed) - a trainer group's first phase,
-      on every member before any of them stops.
+      on every member before any of them stops. V(check) looks at the member again after every member's own job
+      proved it (RV(still)); V(good) marks what the job O(job_id) proved good once the group's check passed - both
+      a trainer group's, see O(mark_good).
     type: str
-    choices: [start, run, wait, stop, preflight]
+    choices: [start, run, wait, stop, preflight, check, good]
     default: start
   job_id:
     description: The job's id (the play's lock token is a good one).
@@ -227,10 +229,19 @@ options:
     default: true
   mark_good:
     description:
-      - Record the proved release as C(last_good) (and keep the configuration proved with it). V(false) - a member of a
-        trainer group, whose play marks the release good on every member once all of them are proved.
+      - Record the proved release as C(last_good) (and keep the configuration proved with it, and record it proved
+        in the ledger). V(false) - a member of a trainer group, nothing is recorded by the job; once every member's
+        job proved it, O(state=check) looks at every member again at one moment and, when all of them still run
+        what was proved, O(state=good) records it on every member.
     type: bool
     default: true
+  restore_config:
+    description:
+      - Before its start, put back the configuration (unit, environment file, launcher) kept as proved with the
+        release it runs, where one is kept - a trainer group's rollback, whose members' jobs do not roll back
+        on their own.
+    type: bool
+    default: false
   keep_lock:
     description:
       - At its end the job stops renewing the deploy lock instead of releasing it, so the lock stays the play's (same
@@ -341,6 +352,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+still:
+  description:
+    - With O(state=check), whether the member still runs what its job O(job_id) proved - C(ok), C(msg) (why not -
+      its unit not active, another main pid than at its proof, a GPU no longer held, no progress past the
+      proof's last step within O(stall_s) where its log shows steps, with the proved start's error lines).
+  returned: with O(state=check)
+  type: dict
 preflight:
   description: The pre-flight's result (C(checks), C(output)), when O(preflight) was given.
   returned: with state=start and preflight
@@ -529,10 +547,13 @@ result:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils._group_check import check_member
 from ansible_collections.dflash.trainer.plugins.module_utils._job_start import run_job, start_job, wait_for_job
+from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
 from ansible_collections.dflash.trainer.plugins.module_utils._preflight import Refused
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS, with_proof
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import before_start
+from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import before_start, mark_proved
 from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
 
 
@@ -562,6 +583,18 @@ def preflight_only(module):
     module.exit_json(changed=False, lock_holder="play", **fields)
 
 
+def group_member(module):
+    """O(state=check) and O(state=good): a trainer group's member, after its own job proved it."""
+    p, systemctl = module.params, module.get_bin_path("systemctl", required=True)
+    if p["state"] == "check":
+        module.exit_json(changed=False, still=check_member(p, systemctl, locate(p["nvidia_smi"], module.get_bin_path)
+                                                           or p["nvidia_smi"]))
+    try:
+        module.exit_json(changed=True, **mark_proved(p, systemctl))
+    except (StepFailed, IOError, OSError) as exc:
+        module.fail_json(msg="Unable to mark the group's release good: %s" % getattr(exc, "msg", exc))
+
+
 def main():
     module = AnsibleModule(argument_spec=RESTART_OPTIONS, supports_check_mode=True)
     try:
@@ -578,6 +611,8 @@ def main():
                              "stopped" if module.params["state"] == "stop" else "restarted"))
     if module.params["state"] == "preflight":
         preflight_only(module)
+    if module.params["state"] in ("check", "good"):
+        group_member(module)
     if module.params["state"] in ("start", "stop"):
         report(module, *start_job(module, module.params, ModuleRunner(module)))
     run_foreground(module)

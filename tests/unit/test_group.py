@@ -6,6 +6,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group
 from ansible_collections.dflash.trainer.plugins.module_utils._group import barrier, group_plan, verdict
+from ansible_collections.dflash.trainer.plugins.module_utils._group_check import still_proved
 
 M = ["g0", "g1"]
 
@@ -104,3 +105,38 @@ def test_a_failed_restart_says_what_the_rollback_left():
     assert "The rollback to release r1 failed too" in words and "g0: not started" in words
     assert "no member's rollback job ended" in trainer_group_failure(restart, "r1", None)
     assert trainer_group_failure(restart, None).endswith("every member was stopped.")
+
+
+def test_the_verdict_needs_every_member_still_running_what_was_proved_at_the_check():
+    jobs = {m: {"result": {"ok": True}} for m in ("a", "b")}
+    checks = {"a": {"still": {"ok": True}}, "b": {"still": {"ok": False, "msg": "the main pid 42 proved is gone"}}}
+    v = verdict(["a", "b"], jobs, checks)
+    assert not v["ok"] and v["failed"] == ["b"]
+    assert "b: proved by its own job, then at the group's check: the main pid 42 proved is gone" in v["words"]
+    assert verdict(["a", "b"], jobs, {m: {"still": {"ok": True}} for m in "ab"})["ok"]
+    assert not verdict(["a", "b"], jobs, {"a": {"still": {"ok": True}}})["ok"]  # a member not checked
+    # a job that failed is named as such: its check never ran
+    jobs["a"] = {"result": {"ok": False, "msg": "proof failed"}}
+    assert verdict(["a", "b"], jobs, {"a": {"skipped": True}, "b": {"skipped": True}})["failed"] == ["a"]
+
+
+@pytest.mark.parametrize("unit, gpus, step, why", [
+    ({"ActiveState": "active", "MainPID": "42", "InvocationID": "i1"}, {0: 5000, 1: 5000}, 9, None),
+    ({"ActiveState": "active", "MainPID": "42", "InvocationID": "i1"}, {0: 5000, 1: 5000}, None, None),
+    ({"ActiveState": "activating", "SubState": "auto-restart", "MainPID": "0"}, {}, None, "its unit is activating"),
+    ({"ActiveState": "active", "MainPID": "77", "InvocationID": "i2", "NRestarts": "1"}, {0: 5000, 1: 5000}, 9,
+     "the main pid 42 proved is gone: the unit runs pid 77 now"),
+    ({"ActiveState": "active", "MainPID": "42", "InvocationID": "i1"}, {0: 5000, 1: 3}, 9, "GPU 1 no longer held"),
+    ({"ActiveState": "active", "MainPID": "42", "InvocationID": "i1"}, {0: 5000, 1: 5000}, 7, "no progress since"),
+])
+def test_a_member_still_runs_what_its_job_proved_or_says_why_not(unit, gpus, step, why):
+    proof = {"main_pid": 42, "invocation_id": "i1", "gpus_mib": {"0": 6000, "1": 6000}, "step": 7}
+    said = still_proved(proof, unit, gpus, 1024, step=step)
+    assert said is None if why is None else why in said
+
+
+def test_a_host_of_the_group_whose_own_trainer_group_is_empty_refuses_the_group():
+    from ansible_collections.dflash.trainer.plugins.module_utils._group import strays
+    assert strays("tg", ["a", "b"], {"a": "tg", "b": "tg"}) is None
+    words = strays("tg", ["a", "b"], {"a": "tg", "b": ""})
+    assert "b is in its inventory group but its trainer_group is empty" in words and "nothing was changed" in words

@@ -308,3 +308,25 @@ def test_a_lease_lost_during_a_failed_proof_never_rolls_back():
 def test_an_interrupted_job_is_named_as_such():
     state = {"job_id": "j1", "owner": "alice", "started_at": "t", "phase": "proving", "done": False, "pid": 2 ** 22 + 7}
     assert "was interrupted in phase proving" in outcome_words(state)
+
+
+def test_a_group_member_records_nothing_proved_and_its_rollback_puts_the_configuration_back():
+    layout = FakeLayout(current="old", last_good="old")
+    restored = []
+
+    class Config(object):
+        def kept_for(self, rid):
+            return rid == "old"
+
+        def restore(self, rid):
+            restored.append(rid)
+            return ["env"]
+
+        def keep(self, rid):
+            raise AssertionError("a group member keeps nothing before the group's check")
+
+    job = RestartJob(FakeSteps(), layout, rollback=False, mark_good=False, restore_config=True, config=Config())
+    result = job.run()
+    assert result["ok"] and restored == ["old"]
+    assert layout.entries == [] and ("good", "old") not in layout.events  # the group's check decides (state=good)
+    assert "with the configuration it was proved with (environment file restored)" in result["outcome"]
