@@ -25,9 +25,11 @@ PREFIX = "ansible_collections.dflash.trainer.plugins.module_utils"
 # trainer_status: 24 module_utils files (7827 lines) when it read the job's state through
 # _restart_job; 19 (5374 lines) with the lock and ownership helpers in _status and _release_scan /
 # _preflight shipped for two constants; 17 (about 3500 lines) since _begin, _ledger, _marks and a
-# _release_root of its own
+# _release_root of its own; about 3800 with what the read itself must judge: the time bound on the user's
+# regexes over this start's log (_trainer_log), nvidia-smi's exit codes by name and the device nodes CUDA
+# opens (_nvidia_smi) - the status read is also the deploy's first read, before anything is stopped
 STATUS_MAX_FILES = 17
-STATUS_MAX_LINES = 3700
+STATUS_MAX_LINES = 3850
 # the restart's machinery, the lock, the ownership judges, the release's archive: the status read
 # never needs them
 NOT_IN_STATUS = {"_cycle", "_readiness", "_restart_job", "_restart_steps", "_progress_file", "_job_result",
