@@ -102,8 +102,12 @@ def _transport_remedy(msg, host):
 def judge_ssh(node, host, user):
     """The first check: the node reached over ssh with its host key accepted."""
     if node.get("unreachable") or (node.get("failed") and "stdout" not in node):
-        msg = " ".join(str(node.get("msg") or "unreachable").split())
+        msg = re.sub(r"^Task failed: ", "", " ".join(str(node.get("msg") or "unreachable").split()))
         return check("ssh", BAD, msg, _transport_remedy(msg, host))
+    if SECTION not in (node.get("stdout") or ""):
+        return check("ssh", BAD, "%s@%s logged in, but the node ran no command (exit %s): %s" % (
+            user, host, node.get("rc"), _first_line((node.get("stdout") or "") + "\n" + (node.get("stderr") or ""))),
+            "the ssh user needs a login shell on the node (`chsh -s /bin/bash USER`)")
     return check("ssh", OK, "%s@%s reached, host key accepted" % (user or "(default user)", host))
 
 
@@ -180,7 +184,7 @@ def judge_container(sec, vmid, host):
 
 def judge_exec(ct, vmid):
     if ct.get("unreachable") or (ct.get("failed") and "stdout" not in ct):
-        msg = " ".join(str(ct.get("msg") or "unreachable").split())
+        msg = re.sub(r"^Task failed: ", "", " ".join(str(ct.get("msg") or "unreachable").split()))
         return check("pct exec", BAD, msg, "see the lines above; the container must run and pct exec reach it")
     return check("pct exec", OK, "reaches container %s" % vmid)
 
