@@ -77,7 +77,7 @@ def scratch_ct(lab):
 # listed - holds the lab's shared-state lock for its whole run, so no two of them ever overlap.
 OWN_CONTAINERS = frozenset((
     "test_after_proof_lab.py", "test_bad_input.py", "test_cli_lab.py", "test_container_user_lab.py",
-    "test_dist_trainer_lab.py", "test_environment_lab.py", "test_experiment_history_lab.py",
+    "test_dist_trainer_lab.py", "test_doctor_lab.py", "test_environment_lab.py", "test_experiment_history_lab.py",
     "test_field_formats_lab.py", "test_group_lab.py", "test_history_plot_lab.py", "test_installed_lab.py",
     "test_interrupted.py", "test_no_op_lab.py", "test_node_faults_lab.py", "test_one_owner_lab.py", "test_playbooks.py",
     "test_preflight.py", "test_progress_file_lab.py", "test_progress_words_lab.py", "test_release_stream_lab.py",
