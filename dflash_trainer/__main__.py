@@ -40,7 +40,7 @@ import signal
 import sys
 from typing import Optional
 
-from . import api, plot, progress
+from . import api, doctor, plot, progress
 from .results import EXIT_REFUSED, HostResult, RunResult, TrainerLog
 
 # the module (the package's name check_log is the API function)
@@ -297,6 +297,9 @@ HELP = {
     "start": "start the stopped trainer on its current release and prove it (playbooks/start.yml)",
     "history": "read-only: the last releases with their measured tok/s and verdicts",
     "logs": "read-only: this start's last log lines (-f follows them, --explain replays them through the proof)",
+    "doctor": "read-only, seconds: check every assumption about the node and the container (ssh, sudo, pct, the "
+              "container running and unlocked, systemd, python3, nvidia-smi, device nodes, free space, clock), "
+              "one line each with its remedy (playbooks/doctor.yml)",
     "check-log": "offline: replay a captured log through the readiness proof's log judge",
 }
 CHECK_LOG_DESCRIPTION = """\
@@ -334,6 +337,8 @@ EPILOGS = {
     "stop": "exit status: 0 stopped; 1 the stop failed, or the run was stopped; " + EXIT_TAIL,
     "status": "exit status: 0 every trainer runs its proved release healthily; 1 one does not; " + EXIT_TAIL
               + ". --watch: the last read's status when Ctrl-C ends it",
+    "doctor": "exit status: 0 every assumption holds; 1 one does not; 3 the node unreachable (ssh, its host "
+              "key); 2 no host matched; 4 Ansible could not be started",
     "history": "exit status: 0 read (and the chart written); 1 the read failed or no chart was written; " + EXIT_TAIL,
     "logs": "exit status: 0 read (-f: also when Ctrl-C or SIGTERM ends it); 1 the read failed; " + EXIT_TAIL
             + ". --explain: 0 when the proof would pass, 1 when it would fail, 2 on bad input",
@@ -433,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "print a line per host when something changes (the unit, the releases, the health, the "
                         "restarts, the last job), until Ctrl-C" % WATCH_S)
     p.add_argument("--json", action="store_true", help="print the RunResult as JSON (--watch: one object per change)")
+    p = command("doctor")
+    _add_target(p)
+    p.add_argument("--json", action="store_true", help="print each host's checks as JSON (with exit_code)")
     p = command("history")
     _add_target(p)
     p.add_argument("-n", "--count", type=int, metavar="RELEASES", help="how many releases (default 10)")
@@ -667,7 +675,31 @@ def run_watch(args, extravars: dict, stop: Stop) -> int:
     return result.exit_code
 
 
+def run_doctor(args, extravars: dict, stop: Stop) -> int:
+    reports = {}
+    watcher = None if args.quiet else progress.Progress(sys.stderr)
+    if args.verbose:
+        watcher = with_ansible_output(watcher)
+
+    def on_event(event):
+        found = doctor.report_of(event)
+        if found:
+            reports[found[0]] = found[1]
+        if watcher is not None:
+            watcher(event)
+
+    result = api_call(args, extravars, on_event, stop)
+    code = doctor.run_exit(result, reports)
+    if args.json:
+        print(json.dumps(dict(exit_code=code, hosts=reports), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        print(doctor.text(result, reports))
+    return code
+
+
 def run(args, extravars: dict, stop: Stop) -> int:
+    if args.action == "doctor":
+        return run_doctor(args, extravars, stop)
     if args.action == "logs":
         kwargs = dict(limit=args.limit, inventory=args.inventory, extravars=extravars, timeout=args.timeout)
         return run_logs(args, kwargs, stop)

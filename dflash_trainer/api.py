@@ -44,7 +44,7 @@ from .programs import program_env, require_program
 from .results import RunResult, TrainerStatus, build_run_result
 
 __all__ = ["REPO_ROOT", "PLAYBOOKS", "collection_root", "find_collection", "run_playbook", "deploy", "status", "restart",
-           "rollback", "history", "run_playbook_live", "logs", "follow_logs", "stop", "start", "check_log",
+           "rollback", "history", "run_playbook_live", "logs", "follow_logs", "stop", "start", "doctor", "check_log",
            "watch_status", "status_key", "used_inventory", "in_checkout"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,6 +57,7 @@ PLAYBOOKS = {
     "logs": os.path.join("playbooks", "logs.yml"),
     "stop": os.path.join("playbooks", "stop.yml"),
     "start": os.path.join("playbooks", "start.yml"),
+    "doctor": os.path.join("playbooks", "doctor.yml"),
 }
 
 Inventory = Union[str, list, dict, None]
@@ -299,6 +300,15 @@ def status(limit: Optional[str] = None, *, extravars: Optional[Mapping[str, Any]
     """playbooks/status.yml: read-only; each host's `status` is a TrainerStatus. Not ok (exit code 1)
     while a trainer does not run its proved release healthily."""
     return run_playbook_live("status", limit=limit, inventory=inventory, extravars=extravars, project_dir=project_dir,
+                             private_data_dir=private_data_dir, timeout=timeout, on_event=on_event, cancel=cancel)
+
+
+def doctor(limit: Optional[str] = None, *, extravars: Optional[Mapping[str, Any]] = None, inventory: Inventory = None,
+           timeout: Optional[int] = None, project_dir: Optional[str] = None, private_data_dir: Optional[str] = None,
+           on_event=None, cancel=None) -> RunResult:
+    """playbooks/doctor.yml: read-only; every assumption about the node and the container, one check each
+    (each host's report is the `__trainer_doctor` fact of its events: dflash_trainer.doctor reads it)."""
+    return run_playbook_live("doctor", limit=limit, inventory=inventory, extravars=extravars, project_dir=project_dir,
                              private_data_dir=private_data_dir, timeout=timeout, on_event=on_event, cancel=cancel)
 
 

@@ -81,6 +81,7 @@ OWN_CONTAINERS = frozenset((
     "test_cli_lab.py",
     "test_container_user_lab.py",
     "test_dist_trainer_lab.py",
+    "test_doctor_lab.py",
     "test_environment_lab.py",
     "test_experiment_history_lab.py",
     "test_field_formats_lab.py",

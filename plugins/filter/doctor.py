@@ -1,0 +1,24 @@
+"""The doctor's scripts and judgement (playbooks/doctor.yml, roles/trainer/tasks/doctor.yml), made in Python
+(plugins/plugin_utils/_doctor.py, unit-tested) so that the play only asks and shows."""
+
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _doctor
+
+
+def trainer_doctor_script(where, **kw):
+    """The shell script that asks the node (``where`` node: vmid, pct_path, sudo) or the container
+    (``where`` container: trainer_root, python, nvidia_smi)."""
+    if where == "node":
+        return _doctor.node_script(kw["vmid"], kw.get("pct_path") or "/usr/sbin/pct", bool(kw.get("sudo")))
+    return _doctor.container_script(kw.get("trainer_root") or "/opt/dflash-trainer",
+                                    kw.get("python") or "/usr/bin/python3", kw.get("nvidia_smi") or "nvidia-smi")
+
+
+def trainer_doctor_report(node, ct, before=None, after=None, **kw):
+    """The checks of the node's and the container's raw answers: {checks, lines, failed, exit_code, summary}."""
+    kw["sudo"] = bool(kw.get("sudo"))
+    return _doctor.report(_doctor.judge(node, ct, before, after, **kw))
+
+
+class FilterModule:
+    def filters(self):
+        return {"trainer_doctor_script": trainer_doctor_script, "trainer_doctor_report": trainer_doctor_report}

@@ -1,0 +1,130 @@
+"""`dflash-trainer doctor` and playbooks/doctor.yml against the lab (container 490; 499 never exists): every line
+✓ and exit 0 on a healthy fresh container; each fault the lab can inject named on one ✗ line with its remedy
+and a non-zero exit - the container stopped, a Proxmox lock, /dev/nvidia-uvm missing, nvidia-smi exiting 9, no
+such container, the node unreachable (exit 3). Read-only: the container is as it was after each run.
+
+The node's pct is the checkout's lab/pct (the program lab.py installs as /usr/sbin/pct, through pct_path), so a
+lab suite running from another checkout, which reinstalls its own copy, cannot change what these test."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB_PY = [sys.executable, os.path.join(ROOT, "lab", "lab.py")]
+PCT = os.path.join(ROOT, "lab", "pct")
+CT, MISSING = "490", "499"
+NAMES = ["ssh", "privilege", "pct", "container", "lock", "pct exec", "systemd", "python", "nvidia-smi",
+         "device nodes", "free space", "clock"]
+
+
+def lab_py(*args):
+    subprocess.run(LAB_PY + list(args), check=True, stdout=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory):
+    lab_py("up", "--fresh", "--ids", CT)
+    path = tmp_path_factory.mktemp("doctor") / "hosts.json"
+    path.write_text(json.dumps({"all": {"hosts": {"ct": {"proxmox_vmid": int(CT)}}, "vars": dict(lab.conn_vars(), ansible_pct_path=PCT)}}))
+    yield str(path)
+    lab_py("lock", "off", "--ids", CT)
+    lab_py("dev-nodes", "--ids", CT)
+
+
+def doctor(inv_path, *extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    res = subprocess.run([sys.executable, "-m", "dflash_trainer", "doctor", "-q", "-i", inv_path, "-l", "ct",
+                          "-e", "trainer_target_hosts=all", *extra], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("  ") and not line.startswith("      ")]
+    return res, {line[4:17].strip(): line for line in lines}
+
+
+def crosses(checks):
+    return {name: line for name, line in checks.items() if line.startswith("  ✗")}
+
+
+def test_a_healthy_fresh_container_holds_every_assumption(lab, inv):
+    res, checks = doctor(inv)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert list(checks) == NAMES and all(line.startswith("  ✓") for line in checks.values()), res.stdout
+    assert res.stdout.startswith("ct: every assumption holds")
+
+
+def test_the_playbook_says_the_same_for_users_without_the_cli(lab, inv):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    res = subprocess.run(["ansible-playbook", "-i", inv, "playbooks/doctor.yml", "-e", "trainer_target_hosts=all"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0 and "✓ nvidia-smi" in res.stdout and "changed=0" in res.stdout, res.stdout[-3000:]
+    lab_py("lock", "backup", "--ids", CT)
+    try:
+        res = subprocess.run(["ansible-playbook", "-i", inv, "playbooks/doctor.yml", "-e", "trainer_target_hosts=all"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        lab_py("lock", "off", "--ids", CT)
+    out = " ".join(res.stdout.split())
+    assert res.returncode != 0 and "doctor: 1 of 12 assumptions do not hold: ✗ lock" in out, out[-3000:]
+
+
+def test_a_proxmox_lock_is_one_cross(lab, inv):
+    lab_py("lock", "backup", "--ids", CT)
+    try:
+        res, checks = doctor(inv)
+    finally:
+        lab_py("lock", "off", "--ids", CT)
+    assert res.returncode == 1 and list(crosses(checks)) == ["lock"], res.stdout
+    assert "locked by Proxmox (lock: backup)" in checks["lock"]
+    assert "remedy: wait for the backup to end, or `pct unlock 490`" in res.stdout
+
+
+def test_a_missing_nvidia_uvm_is_one_cross(lab, inv):
+    lab_py("dev-nodes", "--ids", CT, "--missing", "nvidia-uvm")
+    try:
+        res, checks = doctor(inv)
+    finally:
+        lab_py("dev-nodes", "--ids", CT)
+    assert res.returncode == 1 and list(crosses(checks)) == ["device nodes"], res.stdout
+    assert "/dev/nvidia-uvm is missing in the container" in checks["device nodes"]
+    assert "nvidia-modprobe -u -c=0" in res.stdout
+
+
+def test_nvidia_smi_exit_9_is_named(lab, inv):
+    lab.ct(CT, "python3", "-m", "fakegpu", "config", "--exit-code", "9", check=True)
+    try:
+        res, checks = doctor(inv)
+    finally:
+        lab.ct(CT, "python3", "-m", "fakegpu", "config", "--exit-code", "off", check=True)
+    assert res.returncode == 1 and list(crosses(checks)) == ["nvidia-smi"], res.stdout
+    assert "exit 9: driver not loaded" in checks["nvidia-smi"]
+    assert "remedy: the NVIDIA driver on the node is not loaded" in res.stdout
+
+
+def test_no_such_container(lab, inv):
+    res, checks = doctor(inv, "-e", "proxmox_vmid=%s" % MISSING)
+    assert res.returncode == 1 and list(crosses(checks)) == ["container"], res.stdout
+    assert "no container %s on 127.0.0.1" % MISSING in checks["container"]
+
+
+def test_the_node_unreachable_is_the_first_cross_and_exit_3(lab, inv):
+    res, checks = doctor(inv, "-e", "ansible_port=1")
+    assert res.returncode == 3 and list(crosses(checks)) == ["ssh"], res.stdout
+    assert list(checks)[0] == "ssh" and "unreachable (ssh)" in checks["ssh"]
+    res, checks = doctor(inv, "-e", "ansible_pct_known_hosts_file=/dev/null")
+    assert res.returncode == 3 and "host key of 127.0.0.1 was not accepted" in checks["ssh"], res.stdout
+
+
+def test_a_stopped_container_is_one_cross(lab, inv):
+    subprocess.run(["lxc-stop", "-n", CT, "-k"], check=True)
+    try:
+        res, checks = doctor(inv)
+    finally:
+        lab_py("up", "--ids", CT)
+    assert res.returncode == 1 and list(crosses(checks)) == ["container"], res.stdout
+    assert "container 490 is not running (status: stopped)" in checks["container"]
+    assert "remedy: start it: `pct start 490` on the node" in res.stdout
+    assert doctor(inv)[0].returncode == 0  # back, and nothing the doctor did is left behind
