@@ -76,7 +76,7 @@ def scratch_ct(lab):
 # scratch container), so it may run beside any other file. Every other file - a new one too, until it is
 # listed - holds the lab's shared-state lock for its whole run, so no two of them ever overlap.
 OWN_CONTAINERS = frozenset((
-    "test_after_proof_lab.py", "test_bad_input.py", "test_cli_lab.py", "test_container_user_lab.py",
+    "test_after_proof_lab.py", "test_bad_input.py", "test_cache_from_boot_lab.py", "test_cli_lab.py", "test_container_user_lab.py",
     "test_dist_trainer_lab.py", "test_environment_lab.py", "test_experiment_history_lab.py",
     "test_field_formats_lab.py", "test_group_lab.py", "test_history_plot_lab.py", "test_installed_lab.py",
     "test_interrupted.py", "test_links_lab.py", "test_no_op_lab.py", "test_one_owner_lab.py", "test_playbooks.py",
