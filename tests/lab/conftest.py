@@ -83,7 +83,7 @@ OWN_CONTAINERS = frozenset((
     "test_preflight.py", "test_progress_file_lab.py", "test_progress_words_lab.py", "test_regex_bound_lab.py",
     "test_release_stream_lab.py",
     "test_round_trips.py", "test_secrets_lab.py", "test_stop_start_lab.py", "test_throughput_lab.py",
-    "test_torch_lab.py", "test_upload_race_lab.py",
+    "test_torch_lab.py", "test_upload_race_lab.py", "test_whose_gpu_lab.py",
 ))
 
 
