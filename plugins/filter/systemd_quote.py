@@ -8,6 +8,8 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.dflash.trainer.plugins.module_utils._systemd import cache_directory
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -45,6 +47,12 @@ def systemd_env_file(env):
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def systemd_cache_directory(path):
+    """The unit's CacheDirectory= value for the cache directory ``path`` (below /var/cache), else ""."""
+    return cache_directory(path)
+
+
 class FilterModule:
     def filters(self):
-        return {"systemd_exec_argv": systemd_exec_argv, "systemd_env_file": systemd_env_file}
+        return {"systemd_exec_argv": systemd_exec_argv, "systemd_env_file": systemd_env_file,
+                "systemd_cache_directory": systemd_cache_directory}

@@ -51,12 +51,19 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     is_running,
     parse_show,
     restart_baseline,
+    SHOW_PROPERTIES,
     show_argv,
     start_argv,
     start_decision,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import summarize
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LineBound, RegexTimeout, StartLog
+from ansible_collections.dflash.trainer.plugins.module_utils._unit_gpu import (
+    BY_PROCESS,
+    cgroup_of as read_cgroup,
+    rule_words,
+    unit_memory,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     DONE as WAIT_DONE,
     TIMEOUT as WAIT_TIMEOUT,
@@ -253,8 +260,9 @@ def measured(analysis, marks, now, window_s):
 
 
 def ours(gpus_mib, baseline):
-    """Memory the trainer holds: each GPU's reading less what it held before the start (the
-    drain's last sample: another tenant's memory, a residue below the drain limit), never below 0."""
+    """Memory the trainer holds where nvidia-smi cannot say whose memory is whose (``_unit_gpu``: no
+    process listed, host PIDs): each GPU's reading less what it held before the start (the drain's last
+    sample: another tenant's memory, a residue below the drain limit), never below 0."""
     if not baseline:
         return gpus_mib
     return {i: (None if m is None else max(0, m - (baseline.get(i) or 0))) for i, m in gpus_mib.items()}
@@ -262,13 +270,16 @@ def ours(gpus_mib, baseline):
 
 def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_s=1.0,
           clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None, baseline=None,
-          progress_path=None, progress_from=None, log_interval_s=None):
+          progress_path=None, progress_from=None, log_interval_s=None, cgroup_of=None):
     """Poll the unit, the GPUs and this start's log until the Judge says READY (-> the proof's
     details, with ``figures``: tok/s median, p10, p90 and n over the last ``measure_s`` seconds
     (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
     the log tail). A ``measure_s`` longer than the hold keeps watching after READY; the trainer
-    failing then fails the proof. ``baseline``: {index: MiB} held before the start, never counted
-    as the trainer's (see ``ours``). ``progress_path``: the trainer's own progress file, read from
+    failing then fails the proof. The trainer's GPU memory is what the unit's processes hold
+    (``_unit_gpu.unit_memory``: nvidia-smi's processes by control group; ``cgroup_of`` reads a pid's);
+    where nvidia-smi cannot say whose memory is whose, each GPU's reading less ``baseline`` ({index: MiB}
+    held before the start, never counted as the trainer's: see ``ours``), and the proof says so
+    (``gpu_memory``). ``progress_path``: the trainer's own progress file, read from
     ``progress_from`` (``_progress_file.progress_start``, taken right before the start): progress
     comes from it, the marker, the exit reason and the tail from ``log_path``, errors from both
     (``_progress_file.ProgressView``). ``log_interval_s`` (shorter than ``interval_s``): the log alone is
@@ -296,12 +307,14 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         return view if progress is not None else follower.analysis
     # the Judge counts from the wait's start (elapsed seconds, start 0): its deadline is the waiter's
     judge = Judge(expect, start=0.0)
-    show_cmd = show_argv(unit, systemctl=systemctl)
+    # the unit's control group: whose processes' GPU memory is the trainer's
+    show_cmd = show_argv(unit, properties=SHOW_PROPERTIES + ("ControlGroup",), systemctl=systemctl)
     extra_s = max(0.0, (measure_s or 0) - expect.hold_s)
     found = {"proof": None, "until": None}  # the proof once READY; the end of the measurement (elapsed)
 
     log_only = bool(log_interval_s) and log_interval_s < interval_s
-    seen = {"observed_at": None, "step": None, "step_at": None, "ready_at": None, "last": None}
+    seen = {"observed_at": None, "step": None, "step_at": None, "ready_at": None, "last": None,
+            "smi_warnings": (), "gpu_rule": None}
 
     def read_log():
         """Read this start's log (and progress file) -> elapsed seconds; note when it first showed its
@@ -340,7 +353,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
             raise StepFailed("Unable to read unit %s: %s" % (unit, (err or out).strip()))
         props = parse_show(out)
         try:
-            gpus, _warnings = read_gpus(run, nvidia_smi, processes=False)
+            gpus, seen["smi_warnings"] = read_gpus(run, nvidia_smi, processes=True, name_of=_no_name)
         except NvidiaSmiError as exc:
             raise StepFailed(str(exc), reason=str(exc), log_tail=follower.analysis.tail(expect.tail_lines))
         read_log()
@@ -354,7 +367,13 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         return props, gpus, reader.problem(clock(), LOG_LOST_GRACE_S) or (progress and progress.problem)
 
     def snapshot(props, gpus, elapsed):
-        return Snapshot(now=elapsed, unit=props, gpus_mib=ours(memory_by_index(gpus), baseline),
+        group = props.get("ControlGroup")
+        mib, rule = unit_memory(gpus, group, cgroup_of or read_cgroup, seen["smi_warnings"])
+        if is_running(props) or seen["gpu_rule"] is None:  # a process gone has no control group left
+            seen["gpu_rule"] = rule_words(rule, gpus, group)
+        if rule != BY_PROCESS:
+            mib = ours(memory_by_index(gpus), baseline)
+        return Snapshot(now=elapsed, unit=props, gpus_mib=mib,
                         log=analysis(), step_seen_at=seen["step_at"], log_ready_at=seen["ready_at"],
                         elsewhere=look_elsewhere(props, elapsed))
 
@@ -382,7 +401,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         marks.append((elapsed, _counts(analysis())))
         if verdict.state == READY:
             if found["until"] is None:
-                proof = dict(verdict.details, msg=verdict.reason)
+                proof = dict(verdict.details, msg=verdict.reason, gpu_memory=seen["gpu_rule"])
                 if baseline and any(baseline.values()):
                     proof["baseline_mib"] = {i: m for i, m in baseline.items() if m}
                     proof["baseline_words"] = ", ".join(
@@ -441,16 +460,26 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
                 raise regex_failed(exc)
             verdict = judge.observe(snapshot(exited.value, gpus, out.elapsed + exited.elapsed))
     details = dict(verdict.details)
+    if seen["gpu_rule"]:
+        details["gpu_memory"] = seen["gpu_rule"]
     tail = details.get("log_tail") or []
     details.pop("reason", None)
     reason = verdict.reason
     if found["until"] is not None:
         reason = "after it was proved ready, during the throughput measurement: " + reason
+    low = [i for i, m in (details.get("gpus_mib") or {}).items() if m is not None and m < expect.min_mib]
+    if low and seen["gpu_rule"]:  # which memory was counted as the trainer's, for the GPUs it does not hold
+        reason += "; counted as the trainer's: %s" % seen["gpu_rule"]
     msg = failure_msg(reason, tail, expect.tail_lines)
     if progress is not None:
         msg += progress.words(expect.tail_lines)
         details["progress_tail"] = list(progress.analysis.lines)[-expect.tail_lines:]
     raise StepFailed(msg, ready=False, reason=reason, **details)
+
+
+def _no_name(_pid):
+    """The proof needs no process names (nvidia-smi's are forgeable, /proc's are not needed)."""
+    return None
 
 
 def _show_soft(run, show_cmd):

@@ -38,7 +38,10 @@ there:
   root owns and only root may write, in directories only root may write (sudo's secure_path);
 * the cache directory must be absent or look like a torchinductor cache (``cache_problem``: its
   real layout - two-character hash directories, ``locks``, ``precompiled_headers``, ``fxgraph``,
-  ...); otherwise the purge is refused, naming what it holds.
+  ...); otherwise the purge is refused, naming what it holds. Purge or not, its whole way is judged
+  as a file's (``chain_problem``: no sticky shared directory such as ``/tmp`` either - another user
+  could make the directory first and plant compiled code that root loads) and an existing cache must
+  be root's and writable by root alone.
 
 ``observe`` and ``observe_program`` are the only functions here that touch the file system
 (lstat, realpath, the first bytes of a file, a directory's names, /proc/self/mountinfo); ``judge``
@@ -621,28 +624,24 @@ def chain_problem(kind, facts):
     return None
 
 
-def _owners_problem(facts):
-    """The cache's way: no directory or link on it (as written or resolved) another user owns - that
-    user could rename it away and put a directory of theirs, with a planted kernel, where root writes
-    and loads compiled code. (A shared sticky directory such as /tmp above it is not judged here.)"""
-    links = facts.get("links") or ()
-    for directory, uid, mode in facts.get("chain") or []:
-        if uid == _ROOT_UID:
-            continue
-        if directory in links:
-            return "is reached through %s, a symlink owned by uid %d: that user can point it elsewhere; every " \
-                   "link on the way must be root's" % (directory, uid)
-        return "is in %s, owned by uid %d (mode %04o): that user can replace the cache with a directory of " \
-               "theirs, whose compiled code the trainer would load as root" % (directory, uid, mode)
-    if facts.get("exists") and facts.get("uid") is not None and facts.get("uid") != _ROOT_UID:
+def _cache_own_problem(facts):
+    """The existing cache directory itself: root's, and writable by root alone - another user who
+    could write it could plant compiled code there that the trainer loads as root."""
+    if not facts.get("exists") or facts.get("uid") is None:
+        return None
+    if facts.get("uid") != _ROOT_UID:
         return "belongs to uid %s (mode %04o): that user could plant compiled code there that the trainer would " \
                "load as root; remove it (root makes it anew)" % (facts["uid"], facts.get("mode") or 0)
+    if facts.get("type") == "dir" and (facts.get("mode") or 0) & 0o022:
+        return "has mode %04o: %s can plant compiled code there that the trainer would load as root; make it " \
+               "writable by root alone (chmod 0700) or remove it" % (
+                   facts["mode"], "every user" if facts["mode"] & 0o002 else "its group")
     return None
 
 
 # what root does with a file of each kind (for the words of a refusal)
 _USE = {"env": "loads", "launcher": "runs", PROGRAM: "runs", "state": "reads", "lock": "takes", "root": "runs from",
-        SEARCH: "loads code from"}
+        SEARCH: "loads code from", "cache": "loads compiled code from"}
 
 
 def search_problem(facts):
@@ -766,7 +765,7 @@ def judge(variable, kind, facts):
     where = placement_problem(kind, real)
     if where:
         return "%s%s %s" % (facts.get("path"), via, where)
-    why = chain_problem(kind, facts) if kind != "cache" else _owners_problem(facts)
+    why = chain_problem(kind, facts) or (_cache_own_problem(facts) if kind == "cache" else None)
     if why:
         return "%s%s %s" % (facts.get("path"), via, why)
     why = missing_dir_problem(kind, facts)
@@ -882,10 +881,9 @@ def managed(variables, unit_path=None):
         out.append(("trainer_job_state_path", "state", variables["trainer_job_state_path"]))
     if variables.get("trainer_metrics_path"):
         out.append(("trainer_metrics_path", "metrics", variables["trainer_metrics_path"]))
-    cache = variables.get("trainer_inductor_cache_dir")
-    purge = variables.get("trainer_purge_inductor_cache", True)
-    if cache and purge not in (False, "false", "False", "no", "0", 0):
-        out.append(("trainer_inductor_cache_dir", "cache", cache))
+    # the cache, purge or not: the trainer writes compiled code there and loads it, as root
+    if variables.get("trainer_inductor_cache_dir"):
+        out.append(("trainer_inductor_cache_dir", "cache", variables["trainer_inductor_cache_dir"]))
     # the programs root runs: nvidia-smi (the modules' own lookup), the first word of the
     # pre-flight and of the trainer's command (the unit's PATH; a word with a '/' that is not
     # absolute lies in the release, judged with the release root)

@@ -50,6 +50,24 @@ CLD_DUMPED = 3
 
 ACTIVE_STATES = ("active", "activating", "reloading", "deactivating", "refreshing")
 
+# CacheDirectory= (systemd.exec(5)): directories systemd makes below /var/cache for the unit, root's and of
+# CacheDirectoryMode=, at every start of it (boot, Restart=, systemctl start); no other user can make them first
+CACHE_ROOT = "/var/cache"
+_CACHE_NAME_RE = re.compile(r"^[A-Za-z0-9_.+@-]+(/[A-Za-z0-9_.+@-]+)*$")
+
+
+def cache_directory(path):
+    """The unit's CacheDirectory= value for the cache directory ``path``: its place below /var/cache
+    (``/var/cache/dflash-trainer/inductor`` -> ``dflash-trainer/inductor``), or "" when ``path`` is not
+    strictly below /var/cache or holds a name systemd would read otherwise (a space, a specifier '%', '..');
+    such a cache gets no CacheDirectory= (its whole way is judged on the target before any change)."""
+    if not isinstance(path, str) or not path.startswith(CACHE_ROOT + "/"):
+        return ""
+    rel = path[len(CACHE_ROOT) + 1:].rstrip("/")
+    if not rel or not _CACHE_NAME_RE.match(rel) or any(p in (".", "..") for p in rel.split("/")):
+        return ""
+    return rel
+
 
 def show_argv(unit, properties=SHOW_PROPERTIES, systemctl="systemctl"):
     return [systemctl, "show", unit, "--no-pager", "-p", ",".join(properties)]

@@ -181,7 +181,7 @@ def _paths_problems(v):
 def _cache_problems(cache, ok):
     """The purge deletes this directory (rm -rf): it must be a cache and nothing else."""
     name = "trainer_inductor_cache_dir"
-    accepted = ("a directory of its own at least two levels deep (e.g. /tmp/torchinductor_root), that holds "
+    accepted = ("a directory of its own at least two levels deep (e.g. /var/cache/dflash-trainer/inductor), that holds "
                 "and is inside none of trainer_root, the log, the environment file, the launcher and the lock")
     if cache.count("/") < 2:
         return [Problem(name, "is a top-level directory: the restart would delete it with everything in it", accepted, cache)]
@@ -791,7 +791,7 @@ _DEFAULT_PLACES = {"trainer_launcher_path": "/usr/local/lib/dflash-trainer/launc
                    "trainer_log_path": "/workspace/trainer.log",
                    "trainer_lock_path": "/run/dflash-trainer.deploy.lock",
                    "trainer_job_state_path": "/var/lib/dflash-trainer/restart.json",
-                   "trainer_inductor_cache_dir": "/tmp/torchinductor_root"}
+                   "trainer_inductor_cache_dir": "/var/cache/dflash-trainer/inductor"}
 # a path whose default is off (empty): an example, never called its default
 _EXAMPLE_PLACES = {"trainer_metrics_path": "/var/lib/node_exporter/textfile_collector/dflash_trainer.prom"}
 

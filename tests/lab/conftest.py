@@ -78,6 +78,7 @@ def scratch_ct(lab):
 OWN_CONTAINERS = frozenset((
     "test_after_proof_lab.py",
     "test_bad_input.py",
+    "test_cache_from_boot_lab.py",
     "test_cli_lab.py",
     "test_container_user_lab.py",
     "test_dist_trainer_lab.py",
@@ -107,6 +108,7 @@ OWN_CONTAINERS = frozenset((
     "test_torch_lab.py",
     "test_upload_race_lab.py",
     "test_watch_lab.py",
+    "test_whose_gpu_lab.py",
 ))
 
 

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "236"
-CACHE = "/tmp/torchinductor_root"
+CACHE = "/var/cache/dflash-trainer/inductor"  # the role's default
 KEY = "cabm7qpgiyjpkp7if2jwvf7dvibbkcxzvaxvrwcbwndsspltizml"  # a key as inductor names it: ab/ holds it
 
 
@@ -44,7 +44,7 @@ def main_pid(lab):
 
 
 def test_a_cache_that_is_a_mount_point_is_emptied_not_removed(lab, deploy):
-    setup = lab.ct(CT, "sh", "-c", "mkdir -p %s && mount -t tmpfs tmpfs %s && mkdir -p %s/ab %s/locks "
+    setup = lab.ct(CT, "sh", "-c", "mkdir -p %s && mount -t tmpfs -o mode=0700 tmpfs %s && mkdir -p %s/ab %s/locks "
                    "&& echo x > %s/ab/%s.so && echo '{}' > %s/memoizer_cache.json" % ((CACHE,) * 5 + (KEY, CACHE)))
     assert setup.returncode == 0, setup.stderr
     res = deploy()
@@ -86,7 +86,7 @@ def test_a_corpus_of_two_character_directories_is_never_purged(lab, deploy):
 
 
 def test_after_a_purge_the_cache_is_roots_and_0700(lab, deploy):
-    lab.ct(CT, "sh", "-c", "umount %s 2>/dev/null; rm -rf %s; mkdir -m 0777 %s && chown 1000:1000 %s" % ((CACHE,) * 4))
+    lab.ct(CT, "sh", "-c", "umount %s 2>/dev/null; rm -rf %s; mkdir -m 0755 %s && mkdir %s/ab" % ((CACHE,) * 4))
     res = deploy()
     assert res.returncode == 0, res.stdout[-3000:]
     assert lab.ct(CT, "stat", "-c", "%u %a", CACHE).stdout.split() == ["0", "700"]

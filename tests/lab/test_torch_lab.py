@@ -22,7 +22,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils import _inductor_ca
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "300"
-CACHE = "/tmp/torchinductor_root"  # the role's default trainer_inductor_cache_dir: root's cache
+CACHE = "/var/cache/dflash-trainer/inductor"  # the role's default trainer_inductor_cache_dir: root's cache
 LOG = "/workspace/trainer.log"
 UNIT = "dflash-trainer"
 FIGURES = {}

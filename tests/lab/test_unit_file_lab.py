@@ -50,6 +50,8 @@ def test_the_unit_file_holds_exactly_the_expected_directives(lab, inv, tmp_path)
         "EnvironmentFile=-/etc/default/locale",
         "EnvironmentFile=-/etc/locale.conf",
         "EnvironmentFile=/etc/dflash-trainer/trainer.env",
+        "CacheDirectory=dflash-trainer/inductor",
+        "CacheDirectoryMode=0700",
         "StandardOutput=journal",
         "StandardError=journal",
         "KillMode=control-group",

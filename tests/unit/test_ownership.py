@@ -152,7 +152,7 @@ def test_placements_refused(kind, path, words):
     ("lock", "/run/dflash-trainer.deploy.lock"),
     ("lock_guard", "/run/dflash-trainer.deploy.lock.guard"),
     ("state", "/run/dflash-trainer/restart.json"),
-    ("cache", "/tmp/torchinductor_root"),
+    ("cache", "/var/cache/dflash-trainer/inductor"),
     ("cache", "/root/.cache/torch/inductor"),
     ("unit", "/etc/systemd/system/dflash-trainer.service"),
 ])
@@ -251,14 +251,16 @@ def test_managed_lists_every_file_a_deploy_writes():
     v = {"trainer_root": "/opt/r", "trainer_launcher_path": "/usr/local/lib/dflash-trainer/launch",
          "trainer_env_file": "/etc/dflash-trainer/trainer.env", "trainer_log_path": "/workspace/t.log",
          "trainer_log_keep": 2, "trainer_lock_path": "/run/l", "trainer_job_state_path": "/run/dflash-trainer/s.json",
-         "trainer_inductor_cache_dir": "/tmp/torchinductor_root", "trainer_purge_inductor_cache": True}
+         "trainer_inductor_cache_dir": "/var/cache/dflash-trainer/inductor", "trainer_purge_inductor_cache": True}
     got = o.managed(v, "/etc/systemd/system/t.service")
     paths = [p for _v, _k, p in got]
     assert paths == ["/opt/r", "/usr/local/lib/dflash-trainer/launch", "/etc/dflash-trainer/trainer.env",
                      "/etc/systemd/system/t.service", "/workspace/t.log", "/workspace/t.log.start",
                      "/workspace/t.log.1", "/workspace/t.log.2", "/run/l", "/run/l.guard",
-                     "/run/dflash-trainer/s.json", "/tmp/torchinductor_root", "nvidia-smi"]
-    assert "/tmp/torchinductor_root" not in [p for _v, _k, p in o.managed(dict(v, trainer_purge_inductor_cache=False))]
+                     "/run/dflash-trainer/s.json", "/var/cache/dflash-trainer/inductor", "nvidia-smi"]
+    # purge or not, the trainer writes compiled code there and loads it as root: judged either way
+    assert ("trainer_inductor_cache_dir", "cache", "/var/cache/dflash-trainer/inductor") in o.managed(
+        dict(v, trainer_purge_inductor_cache=False))
 
 
 def test_a_cache_under_a_parent_linked_to_the_release_root_is_refused(tmp_path):
@@ -683,3 +685,30 @@ def test_a_cache_of_another_users_or_in_a_directory_of_theirs_is_refused(tmp_pat
     os.chown(str(home), 1000, 1000)
     why = o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(home / "cache"), "cache"))
     assert why.startswith("%s is in %s, owned by uid 1000" % (home / "cache", home)), why
+
+
+def test_a_cache_anyone_could_make_first_is_refused_purge_or_not(tmp_path):
+    """A cache in a sticky shared directory (/tmp after a boot): another user can make the directory
+    before the trainer starts and plant compiled code there that root loads - refused whether it exists
+    or not; and a root-owned cache others may write."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(str(shared), 0o1777)
+    why = o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(shared / "torchinductor_root"), "cache"))
+    assert why.startswith("%s is in %s (mode 1777), a directory every user can write: another user can put a file "
+                          "or directory of theirs at that name first" % (shared / "torchinductor_root", shared)), why
+    (shared / "torchinductor_root").mkdir(mode=0o700)
+    why = o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(shared / "torchinductor_root"), "cache"))
+    assert "(mode 1777), a directory every user can write" in why, why
+    own = tmp_path / "cache"
+    own.mkdir(mode=0o755)
+    assert o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(own), "cache")) is None
+    os.chmod(str(own), 0o777)
+    why = o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(own), "cache"))
+    assert why == "%s has mode 0777: every user can plant compiled code there that the trainer would load as root; " \
+                  "make it writable by root alone (chmod 0700) or remove it" % own
+    os.chmod(str(own), 0o700)
+    os.chmod(str(tmp_path), 0o775)
+    why = o.judge("trainer_inductor_cache_dir", "cache", o.observe(str(own), "cache"))
+    assert "which its group or others can write" in why, why
+    os.chmod(str(tmp_path), 0o700)
