@@ -399,8 +399,8 @@ def test_summary_of_a_finished_job():
     assert not ok and fields["msg"] == "bad\n\nRolled back" and fields["job"] == "words" and fields["finished"]
 
 
-def outcome(state, words="", value=None):
-    return Outcome(state, words, value, None, 0.0, 1)
+def outcome(state, words="", value=None, snapshot=None):
+    return Outcome(state, words, value, snapshot, 0.0, 1)
 
 
 def test_wait_report_for_each_outcome():
@@ -408,7 +408,8 @@ def test_wait_report_for_each_outcome():
                   "result": {"ok": False, "msg": "no progress", "outcome": "Rolled back"}}
     ok, fields = rs.wait_report(outcome(DONE, value=done_state), "/s.json")
     assert not ok and fields == dict(changed=True, finished=True, phase="done", result=done_state["result"],
-                                     job=outcome_words(done_state), msg="no progress\n\nRolled back")
+                                     job=outcome_words(done_state), msg="no progress\n\nRolled back",
+                                     timeline=[], waiting="")
     ok, fields = rs.wait_report(outcome(DONE, value={"job_id": "j1", "done": True, "result": {"ok": True}}), "/s.json")
     assert ok and "msg" not in fields and fields["result"] == {"ok": True}
     ok, fields = rs.wait_report(outcome(DONE, value={"job_id": "j1", "done": True}), "/s.json")
@@ -416,8 +417,13 @@ def test_wait_report_for_each_outcome():
     ok, fields = rs.wait_report(outcome(FAILED, "restart job j1 died in phase x without an outcome",
                                         {"job_id": "j1", "phase": "x"}), "/s.json")
     assert not ok and fields == dict(msg="restart job j1 died in phase x without an outcome (state /s.json)",
-                                     finished=True, phase="x", result={})
+                                     finished=True, phase="x", result={}, timeline=[], waiting="")
     assert rs.wait_report(outcome(TIMEOUT, "not started"), "/s.json") == (
-        True, dict(changed=False, finished=False, phase="not started", job=""))
+        True, dict(changed=False, finished=False, phase="not started", job="", timeline=[], waiting=""))
+    # the watcher's lines: the job's timeline and what its phase waits for, from the state it read
+    state = {"job_id": "j1", "phase": "proving", "timeline": [["stopping", 0.1], ["proving", 2.0]],
+             "waiting": "GPUs held 3/8"}
+    fields = rs.wait_report(outcome(TIMEOUT, "proving", state, snapshot=(state, True)), "/s.json")[1]
+    assert fields["timeline"] == state["timeline"] and fields["waiting"] == "GPUs held 3/8"
     running = {"job_id": "j1", "phase": "proving", "pid": -1}
     assert rs.wait_report(outcome(TIMEOUT, "proving", running), "/s.json")[1]["job"] == outcome_words(running)
