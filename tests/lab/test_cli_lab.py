@@ -58,7 +58,7 @@ def test_deploy_shows_its_work(ct, deployed):
     inv, _src = ct
     lines = out.splitlines()
     head = [line for line in lines if line.startswith("summary: deploy, ")]
-    assert head and head[0].endswith("; inventory %s (given (-i))" % inv), out
+    assert head and "; inventory %s (given (-i)); Ansible configuration " % inv in head[0], out
     block = lines[lines.index(head[0]) + 1:]
     assert re.match(r"^%s: PROVED \(exit 0\) in \d" % HOST, block[0]), out
     assert re.match(r"^  release \w{16}( \(was \w{16}\))?, source (git \w+|its content)", block[1]), out
