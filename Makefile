@@ -31,11 +31,15 @@ TEST_STAGES := lab test-unit ee test-lab lint sanity molecule
 test:
 	@MAKE="$(MAKE)" bash .ci/stages $(TEST_STAGES)
 
+# Unit tests two at a time (pytest-xdist); lab tests four files at a time: most of a lab test's time is a
+# trainer's hold or a container's boot, not CPU, so four share two cores (docs/development.md).
+UNIT_WORKERS ?= 2
+LAB_WORKERS ?= 4
 test-unit: setup
-	python -m pytest -q --durations=10 tests/unit
+	python -m pytest -q --durations=10 -n $(UNIT_WORKERS) tests/unit
 
 test-lab: lab
-	python -m pytest -q --durations=20 -n 2 --dist loadfile tests/lab
+	python -m pytest -q --durations=20 -n $(LAB_WORKERS) --dist loadfile tests/lab
 
 # The lab tests beside a busy loop on every core (.ci/under-load): a test that needs an idle machine
 # fails here, not in CI. LOAD_TESTS narrows it (a file, or file::test), LOAD_COUNT repeats it.
@@ -43,7 +47,7 @@ LOAD_TESTS ?= tests/lab
 LOAD_COUNT ?= 1
 .PHONY: test-lab-load
 test-lab-load: lab
-	bash .ci/under-load --count $(LOAD_COUNT) -- python -m pytest -q --durations=20 -n 2 --dist loadfile $(LOAD_TESTS)
+	bash .ci/under-load --count $(LOAD_COUNT) -- python -m pytest -q --durations=20 -n $(LAB_WORKERS) --dist loadfile $(LOAD_TESTS)
 
 # Real PyTorch (issue 15 item 4): tests/lab/test_torch_lab.py alone, its figures printed (-s). test-lab
 # runs it too: ≈ 3.3 min on 2 shared cores, ≤ 4.5 min when it first builds the torch venv and container

@@ -337,8 +337,8 @@ EPILOGS = {
     "stop": "exit status: 0 stopped; 1 the stop failed, or the run was stopped; " + EXIT_TAIL,
     "status": "exit status: 0 every trainer runs its proved release healthily; 1 one does not; " + EXIT_TAIL
               + ". --watch: the last read's status when Ctrl-C ends it",
-    "doctor": "exit status: 0 every assumption holds; 1 one does not; 3 the node unreachable (ssh, its host "
-              "key); 2 no host matched; 4 Ansible could not be started",
+    "doctor": "exit status: 0 every assumption holds; 1 one does not; " + EXIT_TAIL
+              + " (for doctor: the node, by ssh or its host key)",
     "history": "exit status: 0 read (and the chart written); 1 the read failed or no chart was written; " + EXIT_TAIL,
     "logs": "exit status: 0 read (-f: also when Ctrl-C or SIGTERM ends it); 1 the read failed; " + EXIT_TAIL
             + ". --explain: 0 when the proof would pass, 1 when it would fail, 2 on bad input",
