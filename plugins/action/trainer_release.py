@@ -47,6 +47,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_scan impor
     scan_tree,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._release_cache import HashCache
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group_hold import run_held
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 
 display = Display()
@@ -74,6 +75,10 @@ class ActionModule(KeptPayload, ActionBase):
     _VALID_ARGS = frozenset(("root", "state", "src", "excludes", "release", "archive", "base", "keep", "verify", "lock"))
 
     def run(self, tmp=None, task_vars=None):
+        # a trainer group's member: held until every member's upload ended (plugin_utils/_group_hold.py)
+        return run_held(self, self._run, tmp, task_vars, display)
+
+    def _run(self, tmp=None, task_vars=None):
         if task_vars is None:
             task_vars = dict()
         result = super(ActionModule, self).run(tmp, task_vars)

@@ -7,7 +7,10 @@ module, its payload kept between runs (plugins/plugin_utils/_payload_cache.py).
 With O(state=wait) and ``watch_calls`` (the controller's own option, never sent to the target): the
 task watches the job to its end, in up to that many calls of O(wait_s) each, and says each phase as
 it begins and what it waits for (plugin_utils/_watch.py) - one task instead of an until loop, whose
-retries Ansible shows as "FAILED - RETRYING"."""
+retries Ansible shows as "FAILED - RETRYING".
+
+With ``group_hold`` (the controller's own option, never sent to the target): a trainer group's member whose own task ended renews its deploy lock until every member's
+task ended (plugin_utils/_group_hold.py) - the lease never runs out while the play waits for the slowest member."""
 from __future__ import annotations
 
 import time
@@ -16,6 +19,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
 
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group_hold import run_held
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import lines, say_start
 
@@ -26,6 +30,9 @@ class ActionModule(KeptPayload, NormalAction):
     """dflash.trainer.trainer_restart, run as ansible.builtin.normal runs a module; a watch to the end."""
 
     def run(self, tmp=None, task_vars=None):
+        return run_held(self, self._run, tmp, task_vars, display)
+
+    def _run(self, tmp=None, task_vars=None):
         args = dict(self._task.args)
         calls = args.pop("watch_calls", None)
         host = (task_vars or {}).get("inventory_hostname", "?")

@@ -35,6 +35,7 @@ RESTART_OPTIONS = dict(
     wait_s=dict(type="float"),
     seen=dict(type="int"),
     watch_calls=dict(type="int"),
+    group_hold=dict(type="dict"),
     preflight=dict(type="dict", options=PREFLIGHT_SUBOPTIONS),
     environment_json=dict(type="str", default="{}", no_log=True),
     install=dict(type="dict", options=INSTALL_SUBOPTIONS),

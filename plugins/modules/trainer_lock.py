@@ -27,15 +27,20 @@ description:
 author:
   - dflash.trainer maintainers (@dflash)
 version_added: 0.1.0
+extends_documentation_fragment:
+  - dflash.trainer.group_hold
 options:
   path:
     description: Lock directory in the container.
     type: path
     default: /run/dflash-trainer.deploy.lock
   state:
-    description: V(present) takes the lock, V(absent) releases it (only when the token matches; fails otherwise).
+    description:
+      - V(present) takes the lock, V(absent) releases it (only when the token matches; fails otherwise).
+      - V(renew) only renews this play's lease (O(lease_s)); it fails when the lock is not this play's (taken over,
+        released, removed) - it never takes a lock.
     type: str
-    choices: [present, absent]
+    choices: [present, absent, renew]
     default: present
   token:
     description: This play's token; the same token re-takes its own lock.
@@ -90,7 +95,7 @@ EXAMPLES = r"""
 RETURN = r"""
 action:
   description: >-
-    What was done: V(take), V(keep) (already ours), V(stale) (taken over), V(release), V(none) (nothing
+    What was done: V(take), V(keep) (already ours; renewed), V(stale) (taken over), V(release), V(none) (nothing
     to release); on failure V(refuse) (held by another deploy), V(not_ours) (the lock to release is
     someone else's) or V(error).
   returned: always
@@ -114,25 +119,33 @@ previous_owner:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import (
-    NONE, NOT_OURS, REFUSE, RELEASE, STALE, acquire_waiting, peek, read_lock, release)
+    NONE, NOT_OURS, REFUSE, RELEASE, STALE, acquire_waiting, heartbeat, peek, read_lock, release)
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", default="/run/dflash-trainer.deploy.lock"),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
+            state=dict(type="str", choices=["present", "absent", "renew"], default="present"),
             token=dict(type="str", required=True, no_log=False),
             owner=dict(type="str", default="unknown"),
             stale_s=dict(type="int", default=3600),
             lease_s=dict(type="int"),
             wait_s=dict(type="float", default=0),
             missing_ok=dict(type="bool", default=False),
+            group_hold=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
     p = module.params
 
+    if p["state"] == "renew":
+        if module.check_mode:
+            module.exit_json(changed=False, action="keep", msg="check mode: nothing renewed")
+        out = heartbeat(p["path"], p["token"], p["lease_s"] or 30)
+        if not out.ok:
+            module.fail_json(msg=out.msg, action=out.action, lock_holder="nobody")
+        module.exit_json(changed=False, action=out.action, msg=out.msg, lock_holder="play")
     if p["state"] == "absent":
         if module.check_mode:
             record, _text, exists, _mtime = read_lock(p["path"])

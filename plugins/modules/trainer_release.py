@@ -126,6 +126,7 @@ options:
     type: bool
     default: false
 extends_documentation_fragment:
+  - dflash.trainer.group_hold
   - action_common_attributes
   - action_common_attributes.flow
   - dflash.trainer.play_lock
@@ -340,6 +341,7 @@ def main():
             keep=dict(type="int", default=5),
             verify=dict(type="bool", default=False),
             lock=PLAY_LOCK_SPEC,
+            group_hold=dict(type="dict"),
         ),
         required_if=[("state", "present", ("release", "src"), True)],
         mutually_exclusive=[("src", "release"), ("src", "archive"), ("src", "base"), ("archive", "archive_b64")],

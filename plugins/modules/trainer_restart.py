@@ -39,6 +39,7 @@ author:
   - dflash.trainer maintainers (@dflash)
 version_added: 0.1.0
 extends_documentation_fragment:
+  - dflash.trainer.group_hold
   - dflash.trainer.log_patterns
   - dflash.trainer.install_files
 options:

@@ -87,6 +87,7 @@ OWN_CONTAINERS = frozenset((
     "test_experiment_history_lab.py",
     "test_field_formats_lab.py",
     "test_group_hold_lab.py",
+    "test_group_lock_lab.py",
     "test_group_lab.py",
     "test_history_plot_lab.py",
     "test_installed_lab.py",
