@@ -623,6 +623,7 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
     interval = opts["interval_s"]
     now, k, ready_at, until, verdict = 0.0, 0, None, None, None
     regex_timeout = getattr(T, "RegexTimeout", None)  # (a collection before the bound has none)
+    caught = (regex_timeout,) if regex_timeout is not None else ()
     timed_out = None  # the user's regex that ran past a line's bound (the proof stops reading there)
     try:
         while True:
@@ -663,7 +664,7 @@ def replay(coll: Collection, text: str, opts: dict, variables: Optional[dict] = 
             now = nxt
             k = max(k, int(now / interval))
 
-    except regex_timeout or () as exc:
+    except caught as exc:
         timed_out = exc
 
     at = last_fed[0]

@@ -9,8 +9,9 @@ task watches the job to its end, in up to that many calls of O(wait_s) each, and
 it begins and what it waits for (plugin_utils/_watch.py) - one task instead of an until loop, whose
 retries Ansible shows as "FAILED - RETRYING".
 
-With ``group_hold`` (the controller's own option, never sent to the target): a trainer group's member whose own task ended renews its deploy lock until every member's
-task ended (plugin_utils/_group_hold.py) - the lease never runs out while the play waits for the slowest member."""
+With ``group_hold`` (the controller's own option, never sent to the target): a trainer group's member whose
+own task ended renews its deploy lock until every member's task ended (plugin_utils/_group_hold.py) - the
+lease never runs out while the play waits for the slowest member."""
 from __future__ import annotations
 
 import time

@@ -40,8 +40,8 @@ def still_proved(proof, unit, gpus_mib, min_mib, step=None):
     proved_pid = _int(proof.get("main_pid"))
     pid, state = _int(unit.get("MainPID")), unit.get("ActiveState") or "unknown"
     if state != "active" or pid <= 0:
-        return "its unit is %s (%s) since its proof (main pid %s then)" % (state, unit.get("SubState") or "?",
-                                                                          proved_pid)
+        return "its unit is %s (%s) since its proof (main pid %s then)" % (
+            state, unit.get("SubState") or "?", proved_pid)
     if pid != proved_pid or (proof.get("invocation_id") and unit.get("InvocationID") != proof["invocation_id"]):
         return ("the main pid %s proved is gone: the unit runs pid %s now (restarted %s time(s) since its start)"
                 % (proved_pid, pid, unit.get("NRestarts", "?")))

@@ -544,8 +544,8 @@ def read_node_gpus(run, nvidia_smi="nvidia-smi"):
         raise NvidiaSmiError(malformed_message(malformed))
     known = {g.get("uuid") for g in gpus if g.get("uuid")}
     warnings = [warning] if warning else []
-    warnings += ["process list: pid %d holds %s MiB on %s, a GPU --query-gpu did not list (not attributed)"
-                % (a["pid"], a["used_memory_mib"], a["gpu_uuid"]) for a in apps if a["gpu_uuid"] not in known]
+    warnings += ["process list: pid %d holds %s MiB on %s, a GPU --query-gpu did not list (not attributed)" % (
+        a["pid"], a["used_memory_mib"], a["gpu_uuid"]) for a in apps if a["gpu_uuid"] not in known]
     for a in apps:
         a["process_name"] = None  # never asked: the node's /proc names the process
     return join_processes(gpus, apps), warnings

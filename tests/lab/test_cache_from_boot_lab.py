@@ -87,8 +87,10 @@ def test_alices_directory_at_the_old_place_gets_nothing_and_a_restart_remakes_th
     assert before["ActiveState"] == "active", before
     assert sh(lab, "chmod 0777 %s" % CACHE).returncode == 0  # systemd makes it 0700 again at the next start
     assert lab.ct(CT, "kill", "-9", before["MainPID"]).returncode == 0
-    after = wait_for(lambda: (lambda s: s if s["ActiveState"] == "active" and s["MainPID"] not in ("0", before[
-        "MainPID"]) else None)(show(lab)), timeout=60)
+    def restarted():
+        s = show(lab)
+        return s if s["ActiveState"] == "active" and s["MainPID"] not in ("0", before["MainPID"]) else None
+    after = wait_for(restarted, timeout=60)
     assert after and int(after["NRestarts"]) > int(before["NRestarts"]), after
     assert wait_for(lambda: cache_written(lab), timeout=60)
     assert sh(lab, "find %s -user root" % OLD).stdout == ""

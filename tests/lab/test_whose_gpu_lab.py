@@ -57,16 +57,20 @@ def test_a_strangers_memory_after_the_start_never_proves_the_trainer(lab, play):
                                                          "FAKE_TRAINER_FAULT": "partial_alloc"})
     try:
         # the new start: hold every process of the unit, then let a stranger allocate on GPUs 5-7
-        started = wait_for(lambda: (lambda s: s if s.get("InvocationID") not in ("", before["InvocationID"])
-                                    and s.get("MainPID") not in ("0", None) else None)(show(lab)), timeout=300)
+        def new_start():
+            s = show(lab)
+            return s if s.get("InvocationID") not in ("", before["InvocationID"]) and s.get("MainPID") not in (
+                "0", None) else None
+        started = wait_for(new_start, timeout=300)
         assert started, show(lab)
         assert lab.ct(CT, "systemctl", "kill", "--signal=SIGSTOP", UNIT).returncode == 0
         lab.ct(CT, "systemctl", "reset-failed", "stranger")
         assert lab.ct(CT, "systemd-run", "--unit=stranger", "python3", "-m", "fakegpu", "alloc", "--gpu", "5,6,7",
                       "--mib", "30000", "--hold").returncode == 0
-        assert wait_for(lambda: len([r for r in lab.ct(CT, "nvidia-smi", "--query-compute-apps=pid,used_memory",
-                                                        "--format=csv,noheader").stdout.splitlines()
-                                     if r.endswith(", 30000 MiB")]) >= 3, timeout=60)
+        def strangers_rows():
+            rows = lab.ct(CT, "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader").stdout
+            return [r for r in rows.splitlines() if r.endswith(", 30000 MiB")]
+        assert wait_for(lambda: len(strangers_rows()) >= 3, timeout=60)
         assert lab.ct(CT, "systemctl", "kill", "--signal=SIGCONT", UNIT).returncode == 0
         # once the failed start is stopped (rollback), the stranger goes: the drain may then bring the last good back
         assert wait_for(lambda: show(lab).get("MainPID") != started["MainPID"], timeout=300)

@@ -21,7 +21,7 @@ def test_a_missing_uvm_node_says_how_to_create_it_on_the_node():
 
 
 def test_an_empty_file_left_by_an_optional_bind_is_no_device():
-    problems, _ = d.node_problems(dict(ALL, **{"nvidia-uvm": "empty"}))
+    problems, _warnings = d.node_problems(dict(ALL, **{"nvidia-uvm": "empty"}))
     assert problems == ["/dev/nvidia-uvm is an empty file, not a device in the container (CUDA cannot start "
                         "without it): " + d.UVM_REMEDY]
 
@@ -33,7 +33,7 @@ def test_an_empty_file_left_by_an_optional_bind_is_no_device():
     ({}, "/dev/nvidiactl is missing"),
 ])
 def test_the_other_nodes_name_the_bind_mount(nodes, fragment):
-    problems, _ = d.node_problems(nodes)
+    problems, _warnings = d.node_problems(nodes)
     assert any(p.startswith(fragment) for p in problems), problems
     assert all("lxc.mount.entry" in p or "nvidia-modprobe" in p for p in problems)
 
@@ -48,7 +48,7 @@ def test_read_nodes(tmp_path):
 
 
 def test_the_first_read_refuses_them_as_the_nodes_problem():
-    problems, _ = d.node_problems({"nvidiactl": "chr", "nvidia0": "chr"})
+    problems, _warnings = d.node_problems({"nvidiactl": "chr", "nvidia0": "chr"})
     refused = t.target_problems({}, None, {"device_problems": problems})
     assert [p.variable for p in refused] == ["the node"]
     assert "nvidia-modprobe -u -c=0" in t.message(refused) and "(got" not in t.message(refused)

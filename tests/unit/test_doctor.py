@@ -22,7 +22,7 @@ DEV = "\n".join(["nvidiactl chr", "nvidia-uvm chr", "nvidia-uvm-tools chr", "nvi
 CT = dict(pid1=(0, "systemd"), systemd=(0, "running"), python=(0, ""),
           smi=(0, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)"),
           dev=(0, DEV), df=(0, "/opt\nFilesystem 1024-blocks Used Available Capacity Mounted on\n"
-                                "/dev/loop0 104857600 1048576 52428800 2% /"), date=(0, "1000.5"))
+                               "/dev/loop0 104857600 1048576 52428800 2% /"), date=(0, "1000.5"))
 
 
 def judge(node=None, ct=None, node_res=None, ct_res=None, **kw):

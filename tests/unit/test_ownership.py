@@ -621,8 +621,8 @@ def test_a_search_entry_through_another_users_link_is_refused(tmp_path):
     assert o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(link), o.SEARCH)) is None  # root's link
     os.lchown(str(link), 1000, 1000)
     why = o.judge("trainer_env.PYTHONPATH", o.SEARCH, o.observe(str(link / "sub"), o.SEARCH))
-    assert why.startswith("%s (it resolves to %s) is in %s, owned by uid 1000" % (link / "sub", tmp_path / "real" / "sub",
-                                                                                 link))
+    assert why.startswith("%s (it resolves to %s) is in %s, owned by uid 1000" % (
+        link / "sub", tmp_path / "real" / "sub", link))
 
 
 @pytest.mark.parametrize("kind", ["log", "env", "launcher", "lock", "state", "metrics", "cache", "root"])
