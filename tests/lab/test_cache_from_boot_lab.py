@@ -87,6 +87,7 @@ def test_alices_directory_at_the_old_place_gets_nothing_and_a_restart_remakes_th
     assert before["ActiveState"] == "active", before
     assert sh(lab, "chmod 0777 %s" % CACHE).returncode == 0  # systemd makes it 0700 again at the next start
     assert lab.ct(CT, "kill", "-9", before["MainPID"]).returncode == 0
+
     def restarted():
         s = show(lab)
         return s if s["ActiveState"] == "active" and s["MainPID"] not in ("0", before["MainPID"]) else None

@@ -67,6 +67,7 @@ def test_a_strangers_memory_after_the_start_never_proves_the_trainer(lab, play):
         lab.ct(CT, "systemctl", "reset-failed", "stranger")
         assert lab.ct(CT, "systemd-run", "--unit=stranger", "python3", "-m", "fakegpu", "alloc", "--gpu", "5,6,7",
                       "--mib", "30000", "--hold").returncode == 0
+
         def strangers_rows():
             rows = lab.ct(CT, "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader").stdout
             return [r for r in rows.splitlines() if r.endswith(", 30000 MiB")]
