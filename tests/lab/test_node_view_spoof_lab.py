@@ -277,3 +277,26 @@ def test_a_user_unit_named_like_the_trainer_is_not_the_trainer(lab, spoof):
         lab.ct(CT, "systemctl", "stop", "spoof-victim")
         lab.ct(CT, "sh", "-c", "sleep 0.5; rmdir %s %s %s" % (USER_UNIT, os.path.dirname(USER_UNIT),
                                                               os.path.dirname(os.path.dirname(USER_UNIT))))
+
+
+def test_a_node_python_another_user_may_change_is_refused_before_it_runs(lab, spoof):
+    """trainer_node_python in a directory every user of the node may write: the deploy is refused before the
+    stop, naming the variable and the directory, and that interpreter never ran (it marks itself when run)."""
+    rc, out = deploy(spoof, trainer_force_restart=True, trainer_gpu_host_view=True)  # a proved trainer to keep
+    assert rc == 0, out[-4000:]
+    before = lab.ct(CT, "systemctl", "show", "-p", "MainPID,InvocationID", "dflash-trainer").stdout
+    shared = tempfile.mkdtemp(prefix="dflash-node-python-")  # in the node's /tmp
+    try:
+        os.chmod(shared, 0o1777)
+        python = os.path.join(shared, "python3")
+        with open(python, "w") as fh:
+            fh.write('#!/bin/sh\ntouch "$0.ran"\nexec /usr/bin/python3 "$@"\n')
+        os.chmod(python, 0o755)
+        rc, out = deploy(spoof, trainer_force_restart=True, trainer_gpu_host_view=True, trainer_node_python=python)
+        assert rc != 0, out[-4000:]
+        assert "refused before the node's view ran: trainer_node_python: %s, in %s (mode 1777), which every user " \
+               "can write" % (python, shared) in out, out[-4000:]
+        assert not os.path.exists(python + ".ran")  # judged, never run
+        assert lab.ct(CT, "systemctl", "show", "-p", "MainPID,InvocationID", "dflash-trainer").stdout == before
+    finally:
+        shutil.rmtree(shared)
