@@ -35,6 +35,9 @@ from ansible.errors import AnsibleActionFail
 
 DIR_NAME = "dflash-trainer-group-hold"
 CHECK_S = 0.2  # how often the others' arrival is looked at between renewals
+# A member that has not even begun its task this long after this one arrived never will (its task skipped, its
+# host gone from the play): the wait ends, said - never a play that waits forever for a member that cannot come
+START_GRACE_S = 120.0
 
 
 def _name(text):
@@ -67,12 +70,43 @@ class Hold(object):
     def _path(self, member):
         return os.path.join(self.dir, _name(member))
 
-    def _count(self, member):
+    def _count(self, member, suffix=""):
         try:
-            with open(self._path(member)) as fh:
+            with open(self._path(member) + suffix) as fh:
                 return fh.read().count("\n")
         except (IOError, OSError):
             return 0
+
+    def _last_pid(self, member):
+        try:
+            with open(self._path(member) + ".begun") as fh:
+                lines = fh.read().split()
+            return int(lines[-1]) if lines else None
+        except (IOError, OSError, ValueError):
+            return None
+
+    def begin(self):
+        """Say this member's task began (its worker's pid): a member that began and whose worker is gone
+        without arriving never will."""
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        with open(self._path(self.me) + ".begun", "a") as fh:
+            fh.write("%d\n" % os.getpid())
+
+    def gone(self, waited_s, alive=None):
+        """Why a pending member will never arrive, or None: it never began its task within START_GRACE_S of this
+        member's arrival, or it began and its worker process is gone."""
+        alive = alive or _alive
+        for member in self.pending():
+            if self._count(member, ".begun") < (self.arrival or 1):
+                if waited_s >= START_GRACE_S:
+                    return "%s never began this task within %d s: %s's lock is not held for it any longer" % (
+                        member, START_GRACE_S, self.me)
+                continue
+            pid = self._last_pid(member)
+            if pid is not None and not alive(pid):
+                return "%s's worker (pid %d) ended without its task ending: %s's lock is not held for it any " \
+                       "longer" % (member, pid, self.me)
+        return None
 
     def arrive(self):
         """Say this member's work ended (its n-th arrival at this hold)."""
@@ -87,12 +121,15 @@ class Hold(object):
         """The members that have not arrived yet as often as this one."""
         return [m for m in self.members if self._count(m) < (self.arrival or 1)]
 
-    def wait(self, renew, every_s, clock=time.monotonic, sleep=time.sleep):
+    def wait(self, renew, every_s, clock=time.monotonic, sleep=time.sleep, alive=None):
         """Until every member arrived, call ``renew()`` at once and then every ``every_s`` -> None, or the words of
         the first renewal that failed (``renew`` returns them; the wait then ends: this member's lock is lost, its
-        arrival already said)."""
-        due = clock()
+        arrival already said), or why a member will never arrive (``gone``)."""
+        began = due = clock()
         while self.pending():
+            why = self.gone(clock() - began, alive)
+            if why:
+                return why
             if clock() >= due:
                 why = renew()
                 if why:
@@ -100,6 +137,16 @@ class Hold(object):
                 due = clock() + every_s
             sleep(CHECK_S)
         return None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
 
 
 def forks():
@@ -160,6 +207,7 @@ def run_held(action, run, tmp, task_vars, display):
     if hold is None:
         return run(tmp, task_vars)
     result = {}
+    hold.begin()
     try:
         if spec.get("run", True):
             result = run(tmp, task_vars)

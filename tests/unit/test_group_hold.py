@@ -142,3 +142,30 @@ def test_trainer_lock_renew_renews_only_this_plays_lock(tmp_path):
     assert _lock.release(lock, "t1").ok
     out = _lock_module(tmp_path, path=lock, token="t1", lease_s=60, state="renew")
     assert out.get("failed") and "no longer held" in out["msg"] and not os.path.exists(lock)
+
+
+def test_a_member_that_never_begins_or_whose_worker_died_ends_the_wait_with_words(tmp_path):
+    """Never a play that waits forever: a member skipped from the task (never began) is given up after
+    START_GRACE_S; one whose worker began and is gone without arriving, at once."""
+    me = Hold("k", "g0", ["g0", "g1"], root=str(tmp_path))
+    me.begin()
+    me.arrive()
+    clock = Clock()
+    why = me.wait(lambda: None, 3.0, clock=clock, sleep=clock.sleep)
+    assert why.startswith("g1 never began this task within 120 s") and clock.now >= _group_hold.START_GRACE_S
+    other = Hold("k", "g1", ["g0", "g1"], root=str(tmp_path))
+    other.begin()  # began (this process's pid), then its worker is gone
+    clock = Clock()
+    why = me.wait(lambda: None, 3.0, clock=clock, sleep=clock.sleep, alive=lambda pid: pid != os.getpid())
+    assert why == "g1's worker (pid %d) ended without its task ending: g0's lock is not held for it any longer" % (
+        os.getpid()) and clock.now < 1.0
+    # alive and begun: waited for, renewing, until it arrives
+    clock, renewals = Clock(), []
+
+    def renew():
+        renewals.append(clock.now)
+        if clock.now >= 300.0:
+            other.arrive()
+        return None
+    assert me.wait(renew, 3.0, clock=clock, sleep=clock.sleep, alive=lambda pid: True) is None
+    assert renewals[-1] >= 300.0  # longer than the grace: a member that began is waited for as long as it works
