@@ -10,6 +10,7 @@ failed, with a reason in words). No I/O here: tests drive a fake clock through s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_elsewhere import FAIL_AFTER_S as ELSEWHERE_FAIL_AFTER_S
@@ -57,10 +58,16 @@ UNREAD_TICK_S = 10.0
 UNREAD_TICKS = 30
 
 
-def fmt_s(seconds):
-    """0.6 -> "0.6", 120.0 -> "120", 15.34 -> "15"."""
+def fmt_s(seconds, up=False):
+    """0.6 -> "0.6", 120.0 -> "120", 15.34 -> "15".
+
+    ``up`` rounds up at the precision shown, for a measured time said to be longer than a window:
+    a stall of 3.04 s past a 3 s window reads "3.1", never "3.0 s: longer than 3"."""
     if seconds is None:
         return "?"
+    if up and not float(seconds).is_integer():
+        step = 0.1 if seconds < 10 else 1.0
+        seconds = round(math.ceil(round(seconds / step, 6)) * step, 1)
     if float(seconds).is_integer():
         return "%d" % seconds
     if seconds < 10:
@@ -321,7 +328,7 @@ def steps_unread_words(log, waited_s, stall_s=None, since="the first line matchi
     words = ("the log shows `%s` but %s %s for %s s after %s: "
              "set trainer_step_regex to a regex whose first group is the progress counter" % (
                  _shown(log.ready_line), step_regex_words(_pattern(getattr(log, "step_re", None))),
-                 _steps_what(log), fmt_s(waited_s), since))
+                 _steps_what(log), fmt_s(waited_s, up=True), since))
     if stall_s is not None:
         words += " (the early word comes after %s)" % setting("stall_s", stall_s)
     return words
@@ -334,7 +341,7 @@ def nothing_read_words(log, line, waited_s, since_words, window_words):
             "matched no line and %s %s; set trainer_ready_regex to a regex that matches the trainer's progress "
             "line and trainer_step_regex to one whose first group is its step counter (trainer_tokps_regex "
             "reads its throughput figure) (the early word comes after %s)" % (
-                _shown(line), fmt_s(waited_s), since_words,
+                _shown(line), fmt_s(waited_s, up=True), since_words,
                 ready_regex_words(_pattern(getattr(log, "ready_re", None))),
                 step_regex_words(_pattern(getattr(log, "step_re", None))), _steps_what(log), window_words))
 
@@ -347,7 +354,7 @@ def ready_unread_words(log, line, waited_s, window_words):
             "progress line (and trainer_tokps_regex to one that reads its throughput figure, if it has one) "
             "(the early word comes after %s)" % (
                 _shown(line), read, ready_regex_words(_pattern(getattr(log, "ready_re", None))),
-                fmt_s(waited_s), window_words))
+                fmt_s(waited_s, up=True), window_words))
 
 
 def output_unread_words(log, lines, span_s):
@@ -682,16 +689,16 @@ class Judge(object):
             if back:
                 return self._fail(snap, "step went from %s back to %s: the trainer restarted inside "
                                         "(no progress past step %s for %s s; longer than %s)" % (
-                                            back[0], back[1], back[0], fmt_s(stalled), self.stall_words()))
+                                            back[0], back[1], back[0], fmt_s(stalled, up=True), self.stall_words()))
             return self._fail(snap, "no progress for %s s (last step=%s): longer than %s" % (
-                fmt_s(stalled), step, self.stall_words()))
+                fmt_s(stalled, up=True), step, self.stall_words()))
 
         # 5. a GPU still below min_mib while the trainer makes progress will not fill by waiting
         behind = self._gpus_left_behind(snap, indexes, step)
         if behind:
             return self._fail(snap, "%s while the trainer is at step %s (below %s MiB through %s s of progress; %s)" % (
                 ", ".join("GPU %s holds %s MiB" % (i, mib) for i, mib, _s in behind), step,
-                setting("min_mib", expect.min_mib), fmt_s(min(s for _i, _mib, s in behind)), self.stall_words()))
+                setting("min_mib", expect.min_mib), fmt_s(min(s for _i, _mib, s in behind), up=True), self.stall_words()))
 
         # 6. the early word: the log goes on showing progress that the proof cannot read
         unread = self._early_word(snap, log, has_log)

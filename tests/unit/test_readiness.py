@@ -953,3 +953,10 @@ def test_default_windows_agree_everywhere_and_stall_fits_in_the_hold():
     assert len(seen) == 9        # defaults, module doc, Expectations, main, group, restart, rollback, stop, start
     assert {(hold, stall) for _where, hold, stall in seen} == {(10, 5)}, sorted(seen)
     assert rd.window_problem(expect.hold_s, expect.stall_s) is None
+
+
+def test_fmt_s_up_never_shows_a_time_longer_than_a_window_as_the_window():
+    assert [rd.fmt_s(x, up=True) for x in (3.04, 3.0, 3.1, 9.96, 10.2, 120.0, None)] == \
+        ["3.1", "3", "3.1", "10", "11", "120", "?"]
+    # the stall verdict: 3.04 s past a 3 s window
+    assert float(rd.fmt_s(3.0000001, up=True)) > 3
