@@ -4,6 +4,9 @@
 """Controller side of dflash.trainer.trainer_restart (documented in the module): Ansible's own run of the
 module, its payload kept between runs (plugins/plugin_utils/_payload_cache.py).
 
+With ``job`` (the controller's own option, never sent to the target): the role's restart-job settings, whole,
+spread under the task's own options (plugin_utils/_job_spec.py).
+
 With O(state=wait) and ``watch_calls`` (the controller's own option, never sent to the target): the
 task watches the job to its end, in up to that many calls of O(wait_s) each, and says each phase as
 it begins and what it waits for (plugin_utils/_watch.py) - one task instead of an until loop, whose
@@ -21,6 +24,7 @@ from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
 
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group_hold import run_held
+from ansible_collections.dflash.trainer.plugins.plugin_utils._job_spec import with_job
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import lines, say_start
 
@@ -34,6 +38,10 @@ class ActionModule(KeptPayload, NormalAction):
         return run_held(self, self._run, tmp, task_vars, display)
 
     def _run(self, tmp=None, task_vars=None):
+        try:
+            self._task.args = with_job(self._task.args)
+        except ValueError as exc:
+            raise AnsibleActionFail(str(exc), result=dict(not_started=True, lock_holder="play")) from None
         args = dict(self._task.args)
         calls = args.pop("watch_calls", None)
         host = (task_vars or {}).get("inventory_hostname", "?")

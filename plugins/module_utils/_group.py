@@ -109,11 +109,6 @@ def group_plan(name, members, plans, in_run):
     return plan
 
 
-def reasons_words(plan):
-    """The group's restart reasons, one line per member."""
-    return ["%s: %s" % (m, "; ".join(r)) for m, r in sorted(plan.get("reasons", {}).items())]
-
-
 def verdict(members, jobs, checks=None):
     """Whether the group's restart was proved: every member's job ended proved (``jobs``: member ->
     the job's outcome as trainer_restart returned it) and, once all had, every member still ran what its

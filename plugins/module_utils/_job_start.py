@@ -49,7 +49,7 @@ PLANNED = ("state", "release", "reasons", "min_tokps_ratio", "install", "env_con
 
 
 def _job_options():
-    options = {k: dict(v) for k, v in RESTART_OPTIONS.items() if k not in PLANNED}
+    options = {k: dict(v) for k, v in RESTART_OPTIONS.items() if k not in PLANNED and k != "job"}
     options["job_id"] = dict(type="str")  # made here when not given: the lock token and 8 random digits
     # the plan's release is the one pre-flighted: its directory is known once the plan is made
     options["preflight"]["options"] = dict(options["preflight"]["options"])

@@ -274,15 +274,6 @@ def extract_archive_entries(archive_path, dest):
     return hash_entries(entries), entries
 
 
-def extract_archive(archive_path, dest):
-    """Extract a release archive into dest (an existing, empty directory) safely.
-
-    Returns the content digest (hash_entries over the members as archived), which the caller
-    compares with the release id it expected.
-    """
-    return extract_archive_entries(archive_path, dest)[0]
-
-
 def _read_manifest_member(tar):
     first = tar.next()
     if first is None or first.name != MANIFEST_MEMBER or not first.isreg():

@@ -79,6 +79,14 @@ options:
         begins and what it waits for - instead of an C(until) loop's "FAILED - RETRYING". Handled by the
         action plugin; the target never sees it.
     type: int
+  job:
+    description:
+      - The restart job's settings, whole - every option below but O(state), O(release), O(reasons),
+        O(min_tokps_ratio), O(install), O(env_content) and O(environment_json) - as the role builds them once
+        (C(__trainer_job_args)). An option given on the task itself wins over the same one in O(job) - a call
+        names only what differs for it. A key that is no option of the job is refused before anything runs.
+        Handled by the action plugin; the target sees the options, never O(job).
+    type: dict
   environment_json:
     description: The unit's environment for O(preflight), JSON (a secret, never logged).
     type: str

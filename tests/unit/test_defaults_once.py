@@ -196,9 +196,13 @@ def task_pairs(calls=None):
     internal = load("vars", "main.yml")
     out = set()
     for _path, module, args in (module_calls() if calls is None else calls):
-        for opt, value in args.items():
+        # trainer_restart's job: the role's job settings, spread under the task's own options
+        job = resolve(args.get("job"), internal) if module == "trainer_restart" else None
+        spread = dict(job or {}, **{k: v for k, v in args.items() if k != "job"})
+        for opt, value in spread.items():
             # trainer_restart's proof: its settings go over the top-level options of the same names
-            for var, path in _flatten(resolve(value, internal), () if opt == "proof" else (opt,)):
+            resolved = value if opt in (job or {}) and opt not in args else resolve(value, internal)
+            for var, path in _flatten(resolved, () if opt == "proof" else (opt,)):
                 out.add((var, module, path))
     return out
 

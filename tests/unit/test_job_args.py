@@ -1,7 +1,9 @@
 """The restart job's settings are written once (roles/trainer/vars/main.yml: __trainer_job_args): the first
 read's `job` (trainer_begin starts a restart of what is on the target in its own call) and the call that
 starts the job after an upload (restart_and_prove.yml) pass the same values, and trainer_begin checks them
-against trainer_restart's own options (module_utils/_job_start.py: JOB_OPTIONS)."""
+against trainer_restart's own options (module_utils/_job_start.py: JOB_OPTIONS); every task that starts a
+restart or stop job passes them whole as trainer_restart's `job` (plugin_utils/_job_spec.py) and names only
+what differs for it."""
 import os
 
 import pytest
@@ -9,13 +11,11 @@ import yaml
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _job_start as js
 from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS
+from ansible_collections.dflash.trainer.plugins.plugin_utils._job_spec import with_job
 
 from role_tasks import tasks
 
 ROLE = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "trainer")
-# what differs on purpose: the node's view is read only on the path with its own start call, the pre-flight's
-# release is the plan's (known after the read)
-APART = {"preflight", "gpu_foreign_mib"}
 
 
 def _job_args():
@@ -23,19 +23,32 @@ def _job_args():
         return yaml.safe_load(fh)["__trainer_job_args"]
 
 
-def _start_task_args():
-    with open(os.path.join(ROLE, "tasks", "restart_and_prove.yml")) as fh:
-        found = [t["dflash.trainer.trainer_restart"] for t in tasks(yaml.safe_load(fh))
-                 if (t.get("dflash.trainer.trainer_restart") or {}).get("state") == "start"]
-    assert len(found) == 1
-    return found[0]
+def _restart_tasks():
+    """(file, args) of every trainer_restart task of the role that starts a job (a restart or a stop)."""
+    found = []
+    for name in sorted(os.listdir(os.path.join(ROLE, "tasks"))):
+        with open(os.path.join(ROLE, "tasks", name)) as fh:
+            for t in tasks(yaml.safe_load(fh)):
+                args = t.get("dflash.trainer.trainer_restart")
+                if args is not None and args.get("state", "start") in ("start", "stop"):
+                    found.append((name, args))
+    return found
 
 
-def test_the_start_call_passes_every_job_setting_with_the_same_value():
-    job, start = _job_args(), _start_task_args()
-    assert set(job) == set(start) - set(js.PLANNED) - {"job_id"}
-    for name in set(job) - APART:
-        assert str(job[name]) == str(start[name]), name
+def test_every_call_that_starts_a_job_takes_the_job_settings_whole_and_writes_none_again():
+    job, calls = _job_args(), _restart_tasks()
+    assert {f for f, _a in calls} == {"restart_and_prove.yml", "group_job.yml", "stop.yml", "group_restart.yml"}, calls
+    for name, args in calls:
+        assert args.get("job") == "{{ __trainer_job_args }}", name
+        # what a call names beside the job is what differs for it: never a setting copied with the same value
+        same = sorted(k for k in set(args) & set(job) if str(args[k]) == str(job[k]))
+        assert not same, (name, same)
+
+
+def test_the_first_reads_job_is_the_same_settings():
+    with open(os.path.join(ROLE, "tasks", "target_checks.yml")) as fh:
+        begin = [t["dflash.trainer.trainer_begin"] for t in tasks(yaml.safe_load(fh)) if "dflash.trainer.trainer_begin" in t]
+    assert [b["job"] for b in begin] == ["{{ __trainer_job_args }}"]
 
 
 def test_every_job_setting_is_an_option_of_the_restart_job():
@@ -77,3 +90,26 @@ def test_the_job_settings_are_known_before_the_first_read():
     text = yaml.safe_dump([role_vars["__trainer_job_args"], role_vars["__trainer_preflight_settings"]])
     for later in ("__trainer_node", "__trainer_plan", "__trainer_status_before", "__trainer_release"):
         assert later not in text, later
+
+
+def test_a_job_spreads_under_the_tasks_own_options():
+    got = with_job({"state": "start", "job": {"unit": "t", "wait_s": 10, "preflight": {"command": ["x"]}},
+                    "wait_s": 30, "release": "r1"})
+    assert got == {"state": "start", "unit": "t", "wait_s": 30, "preflight": {"command": ["x"]}, "release": "r1"}
+    assert with_job({"state": "wait", "job_id": "j"}) == {"state": "wait", "job_id": "j"}
+
+
+def test_a_stop_takes_no_start_only_setting_from_the_job():
+    got = with_job({"state": "stop", "job": {"unit": "t", "preflight": {"command": ["x"]}, "enable": True}})
+    assert got == {"state": "stop", "unit": "t"}
+
+
+@pytest.mark.parametrize("job, words", [
+    ({"unit": "t", "release": "r9"}, "release is no setting of the restart job"),
+    ({"unit": "t", "job": {}, "nope": 1}, "job, nope are no setting of the restart job"),
+    (["unit"], "job must be a dictionary of the restart job's settings, got list"),
+])
+def test_a_job_that_is_not_the_jobs_settings_is_refused_saying_what(job, words):
+    with pytest.raises(ValueError) as exc:
+        with_job({"state": "start", "job": job})
+    assert words in str(exc.value)
