@@ -413,6 +413,8 @@ class LineReader(object):
         self.bound = self.T.LineBound() if hasattr(self.T, "LineBound") else _Unbounded()
         self.strip = getattr(self.T, "strip_ansi", lambda line: line)
         self.looks = getattr(self.T, "looks_like_progress", None)
+        # a JSONL record ({"step": N, ...}) is read by its keys, not by the regexes (a collection that has it)
+        self.record = getattr(self.T, "json_record", None)
 
     @staticmethod
     def state(a) -> tuple:
@@ -438,6 +440,11 @@ class LineReader(object):
                                        " ".join(counter[0]) + ("/%s" % counter[1] if counter[1] else "")
                                        if counter else "none yet") if counter is not None or a.n_steps
                                    else "not counted")
+        record = self.record(r.text) if self.record is not None else None
+        if record is not None:
+            step, problem = self.T.record_number(record.get("step"), whole=True)
+            r.step, r.total = (step, None) if problem is None else (None, None)
+            r.step_note = None if r.step_counted or r.step is None else "not above the highest step"
         if after[2] > before[2]:
             value = a.tokps_values[-1]
             if value is not None:

@@ -28,11 +28,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._progress_elsewhere
     cgroup_pids,
     log_shows_progress,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import (
-    ProgressAnalysis,
-    ProgressFileReader,
-    ProgressView,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import ProgressFileReader, ProgressView
 from ansible_collections.dflash.trainer.plugins.module_utils._readiness import (
     FAILED,
     fmt_s,
@@ -57,7 +53,12 @@ from ansible_collections.dflash.trainer.plugins.module_utils._systemd import (
     start_decision,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import summarize
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LineBound, RegexTimeout, StartLog
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+    LineBound,
+    ProgressAnalysis,
+    RegexTimeout,
+    StartLog,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils._unit_gpu import (
     BY_PROCESS,
     cgroup_of as read_cgroup,

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import stat
 
-from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import json_record, trust_problem
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import looks_like_progress
+from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import trust_problem
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import json_record, looks_like_progress
 
 LOOK_AFTER_S = 10.0    # a log without progress this long after the start: look where the trainer writes
 LOOK_EVERY_S = 5.0     # then look again this often
@@ -151,7 +151,7 @@ def elsewhere_words(found):
 
 
 def log_shows_progress(log):
-    """Whether this start's log (a LogAnalysis, or None before the marker) shows anything of progress:
+    """Whether this start's log (a ProgressAnalysis, or None before the marker) shows anything of progress:
     a step value or a line that looks like progress."""
     if log is None or getattr(log, "marker", None) is None:
         return False

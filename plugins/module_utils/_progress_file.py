@@ -15,9 +15,12 @@ changed (truncated and written again) is read from its first byte. The reader ke
 between polls, so a file the trainer renames away (its own rotation) is read to its end before
 the new one is read from 0.
 
-Each line is a JSONL record when it parses as a JSON object with a ``"step"`` key (``step``, and
-``tok_s`` when present, are taken from it; a record with a readable ``tok_s`` is a throughput
-line); any other line goes through the usual regexes (``_trainer_log.LogAnalysis``).
+Its lines are read as the trainer's log is read, by the one reader of both
+(``_trainer_log.ProgressAnalysis``): a line is a JSONL record when it parses as a JSON object with
+a ``"step"`` key (``step``, and ``tok_s`` when present, are taken from it; a record with a readable
+``tok_s`` is a throughput line); any other line goes through the usual regexes
+(``_trainer_log.LogAnalysis``). What this module adds is where this start's part of the file
+begins, whose file it is, and the Judge's view that joins it to the launcher's log.
 
 The start marker is not in this file: the launcher writes it to its own log. ``ProgressView``
 joins the two for the Judge: the marker (this start's identity), the exit reason and the tail
@@ -27,208 +30,15 @@ come from the launcher's log (``StartLog``), progress from the progress file, er
 from __future__ import annotations
 
 import codecs
-import collections
 import hashlib
-import json
-import math
 import os
-import re
 import stat
 
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import way_problem
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import FIGURE, parse_figure
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
-    DEFAULT_ERROR_REGEXES,
-    DEFAULT_KEEP_LINES,
-    DEFAULT_READY_REGEX,
-    DEFAULT_STEP_REGEX,
-    DEFAULT_TOKPS_REGEX,
-    LINE_END,
-    MATCH_CHARS,
-    MAX_PROBLEMS,
-    LineBound,
-    LogAnalysis,
-    RegexTimeout,
-    is_reason_line,
-    reason_line,
-    tail,
-)
+from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LINE_END, is_reason_line
 
 FINGERPRINT_BYTES = 4096
 READ_CHUNK = 1 << 20
-# a line longer than this is not a JSONL record worth parsing
-MAX_RECORD = 64 * 1024
-# how a record is read once rendered as "step=N tok/s=X name=V" (see ProgressAnalysis)
-RECORD_READY_RE = r"^step=\d+ tok/s="
-RECORD_STEP_RE = r"^step=(\d+)"
-
-
-def _record_figure_re(name):
-    return r" " + re.escape(name) + r"=(" + FIGURE + r")(?!\S)"
-
-
-# --- records ---------------------------------------------------------------------------------
-
-def json_record(line):
-    """The JSON object a JSONL progress line holds (a dict with a "step" key), else None."""
-    text = line.strip()
-    if not text.startswith("{") or len(text) > MAX_RECORD:
-        return None
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and "step" in record else None
-
-
-def record_number(value, whole=False):
-    """(number, None) for a record's value (a JSON number, or a figure as text: "12.4K"), or
-    (None, words) when it is not a readable, finite, non-negative number."""
-    if isinstance(value, bool) or value is None:
-        return None, "%s is not a number" % json.dumps(value)
-    if isinstance(value, str):
-        try:
-            value = parse_figure(value.strip())
-        except ValueError:
-            return None, "%s is not a number" % json.dumps(value)
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return None, "%s is not a finite number >= 0" % json.dumps(value)
-    if whole:
-        if not float(value).is_integer():
-            return None, "%s is not a whole number" % json.dumps(value)
-        return int(value), None
-    return value, None
-
-
-class ProgressAnalysis(object):
-    """What the progress file's lines of this start show: a ``LogAnalysis`` of its plain lines
-    (the user's regexes) and one of its JSONL records (each rendered as ``step=N tok/s=X name=V``
-    and read with fixed patterns).
-
-    Progress - ready line, steps, tok/s, named figures, ``line_count`` and whatever else the
-    Judge reads - comes from the records once the file has one (a record with a readable tok/s is
-    a throughput line), else from the plain lines; ``ready_line`` and ``progress_line`` are shown
-    as the file has them. ``lines`` / ``tail``, ``errors`` (error patterns over every line, the
-    records' raw text too), ``reason`` and ``problems`` cover both; ``records`` counts the records.
-    """
-
-    def __init__(self, ready_regex=DEFAULT_READY_REGEX, step_regex=DEFAULT_STEP_REGEX,
-                 tokps_regex=DEFAULT_TOKPS_REGEX, error_regexes=DEFAULT_ERROR_REGEXES,
-                 keep_lines=DEFAULT_KEEP_LINES, extra_regexes=None, bound=None):
-        extra_regexes = extra_regexes or {}
-        self.bound = bound if bound is not None else LineBound()
-        self.text = LogAnalysis(ready_regex=ready_regex, step_regex=step_regex, tokps_regex=tokps_regex,
-                                error_regexes=error_regexes, keep_lines=keep_lines, extra_regexes=extra_regexes,
-                                bound=self.bound)
-        self.record_log = LogAnalysis(
-            ready_regex=RECORD_READY_RE, step_regex=RECORD_STEP_RE, tokps_regex=_record_figure_re("tok/s"),
-            error_regexes=(), keep_lines=1,
-            extra_regexes=dict((name, _record_figure_re(name)) for name in extra_regexes))
-        self.extra_names = list(extra_regexes)
-        self.error_res = [rx if hasattr(rx, "search") else re.compile(rx) for rx in error_regexes]
-        self.lines = collections.deque(maxlen=keep_lines)
-        self.records = 0
-        self.record_errors = []
-        self.record_problems = []
-        self._ready_raw = None
-        self._progress_raw = None
-
-    @property
-    def source(self):
-        """The analysis progress comes from."""
-        return self.record_log if self.records else self.text
-
-    def add(self, line):
-        record = json_record(line)
-        text = line.rstrip("\r\n")
-        if record is None:
-            self.text.add(line)
-            self.lines.append(text)
-            return self
-        self.records += 1
-        self.lines.append(text)
-        before = (self.record_log.ready_count, self.record_log.progress_line)
-        self.record_log.add(self._render(record, text))
-        if self.record_log.ready_count != before[0]:
-            self._ready_raw = text
-        if self.record_log.progress_line is not None and (
-                self.record_log.progress_line is not before[1] or self._progress_raw is None):
-            self._progress_raw = text
-        # the error patterns read the record's raw text as the log reader reads a line: its first
-        # MATCH_CHARS characters, under the line's time bound (_trainer_log.LineBound)
-        at = [None]
-        try:
-            with self.bound.line(lambda: at[0]):
-                for i, rx in enumerate(self.error_res):
-                    at[0] = ("trainer_error_regexes[%d]" % i, rx.pattern)
-                    if rx.search(text[:MATCH_CHARS]):
-                        self.record_errors.append((rx.pattern, text))
-                        break
-        except RegexTimeout as exc:
-            raise exc.at(self.text.line_count + self.records, text)
-        return self
-
-    def extend(self, lines):
-        for line in lines:
-            self.add(line)
-        return self
-
-    def _render(self, record, text):
-        """``step=N tok/s=X name=V`` of a record's readable values (an unreadable one is a problem)."""
-        parts = []
-        step, problem = record_number(record.get("step"), whole=True)
-        if problem is not None:
-            self._problem("step", problem, text)
-            parts.append("step=?")
-        else:
-            parts.append("step=%d" % step)
-        for key, name in [("tok_s", "tok/s")] + [(n, n) for n in self.extra_names]:
-            if record.get(key) is None:
-                continue
-            value, problem = record_number(record[key])
-            if problem is not None:
-                self._problem(name, problem, text)
-            else:
-                parts.append("%s=%r" % (name, value))
-        return " ".join(parts)
-
-    def _problem(self, what, words, line):
-        if len(self.record_problems) < MAX_PROBLEMS:
-            self.record_problems.append("%s: %s in line %r" % (what, words, line[:200]))
-
-    # -- what the Judge reads ------------------------------------------------------------------
-    @property
-    def ready_line(self):
-        return self._ready_raw if self.records else self.text.ready_line
-
-    @property
-    def progress_line(self):
-        return self._progress_raw if self.records else self.text.progress_line
-
-    @property
-    def errors(self):
-        return list(self.text.errors) + list(self.record_errors)
-
-    @property
-    def first_error(self):
-        errors = self.errors
-        return errors[0][1].strip() if errors else None
-
-    @property
-    def problems(self):
-        return (list(self.text.problems) + self.record_problems + list(self.record_log.problems))[:MAX_PROBLEMS]
-
-    @property
-    def reason(self):
-        return reason_line(list(self.lines))
-
-    def tail(self, n):
-        return tail(self.lines, n)
-
-    def __getattr__(self, name):
-        if name in ("text", "record_log", "records"):
-            raise AttributeError(name)
-        return getattr(self.source, name)
 
 
 # --- whose file it is ---------------------------------------------------------------------------
@@ -293,8 +103,8 @@ class ProgressFileReader(object):
 
     ``start``: ``progress_start``'s record (None: read the whole file); ``trust``: judges whose
     file it is (``trust_problem``; a file it refuses is not read). ``poll()`` feeds what was
-    appended since the last poll to ``analysis`` (a ``ProgressAnalysis``); ``finish()`` takes a
-    last line without a newline. ``source``: where the first read began ("the start offset N",
+    appended since the last poll to ``analysis`` (a ``_trainer_log.ProgressAnalysis``: the
+    trainer's log is read with the same); ``finish()`` takes a last line without a newline. ``source``: where the first read began ("the start offset N",
     "byte 0 (...)"); ``resets``: how often the file was read again from byte 0 since (replaced,
     truncated, rewritten); ``problem``: why the file cannot be read (not a regular file), else
     None. A file that does not exist (yet) is no problem: the trainer may create it later.
@@ -462,7 +272,7 @@ class ProgressView(object):
     launcher's last line) and ``tail`` come from the launcher's log (``follower``: its
     ``StartLog``); ``errors`` from both; everything else - the ready line, steps, tok/s, named
     figures, problems, line_count - from the progress file (``progress``: a
-    ``ProgressAnalysis``)."""
+    ``_trainer_log.ProgressAnalysis``, as the launcher's log's own analysis is)."""
 
     def __init__(self, follower, progress):
         self.follower = follower

@@ -99,8 +99,9 @@ class Verdict:
 @dataclass
 class Snapshot:
     """One poll: ``now`` (monotonic s), ``unit`` (systemctl show props), ``gpus_mib``
-    ({index: MiB or None}), ``log`` (a ``_trainer_log.LogAnalysis`` of this start; its
-    ``marker`` is None until our marker line was seen).
+    ({index: MiB or None}), ``log`` (what this start's lines show: a ``_trainer_log.ProgressAnalysis``,
+    which reads plain lines and JSONL records alike, or a ``LogAnalysis``; its ``marker`` is None until
+    our marker line was seen).
 
     A caller that reads the log more often than the unit and the GPUs (the proof: ``_cycle.prove``)
     says when the log showed what it shows, in the same clock: ``step_seen_at``, when its highest

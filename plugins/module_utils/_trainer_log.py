@@ -8,23 +8,40 @@ The unit's launcher appends one marker line per activation:
 "This start's log" is the lines after the last marker carrying our invocation id, up to the
 next marker. Lines from earlier starts never count (``wait_for`` matched a stale line).
 
+A trainer writes its progress in one of two formats, and every source of this start's lines
+is read for both by one reader, ``ProgressAnalysis``: the trainer's log (``StartLog``: its
+stdout and stderr, as the launcher writes them) and the trainer's own progress file
+(``_progress_file.ProgressFileReader``, ``trainer_progress_path``). A line that parses as a JSON
+object with a ``"step"`` key is a JSONL record (``json_record``: ``{"step": 5, "tok_s": 21500.0}``;
+its ``step``, ``tok_s`` and named figures are read from its keys); every other line is plain text,
+read by the user's regexes (``LogAnalysis``: ready, step, tok/s, named figures, errors). A source
+without records reads exactly as ``LogAnalysis`` reads it.
+
 Functions of text and lines only (no files, no clocks; the one exception: the time bound of
 each line's searches, ``LineBound``, below): the start marker (``parse_marker``,
 ``marker_line``, ``continuation_line``, ``is_continuation``), reason lines, ``tail``, step
-values, ``LogAnalysis`` / ``analyze`` / ``this_start`` and ``StartLog``, which follows text fed
-to it. Reading the log file (the launcher's sidecar, seeking to this start, following the file
-across polls) is in ``_log_file``.
+values, ``LogAnalysis`` / ``analyze`` (plain lines), ``json_record`` / ``record_number`` /
+``ProgressAnalysis`` (both formats), ``this_start`` and ``StartLog``, which follows text fed to
+it. Reading the log file (the launcher's sidecar, seeking to this start, following the file
+across polls) is in ``_log_file``; reading the progress file is in ``_progress_file``.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import math
 import re
 import signal
 import threading
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import FIGURE, figure_group, read_figure
+from ansible_collections.dflash.trainer.plugins.module_utils._throughput import (
+    FIGURE,
+    figure_group,
+    parse_figure,
+    read_figure,
+)
 
 # The default regexes begin with a look at the first character (fast over text that has no
 # figure) and avoid two quantifiers over the same characters side by side ("\s*[=:]?\s*"):
@@ -483,6 +500,7 @@ class LogAnalysis(object):
         self.errors = []
         self._last_reason = None
         self._last_nonempty = None
+        self._last_nonempty_at = None  # line_count of that line
         self._series = collections.OrderedDict()  # identity -> _Series, least recently seen first
         self._followed = None     # the _Series the proof follows (None: none yet)
         self._base = 0            # added to the followed counter's values (see the class doc)
@@ -552,6 +570,7 @@ class LogAnalysis(object):
         line = line[:MATCH_CHARS]
         if line.strip():
             self._last_nonempty = line.strip()
+            self._last_nonempty_at = self.line_count
         if is_reason_line(line):
             self._last_reason = line.strip()
         try:
@@ -627,6 +646,225 @@ class LogAnalysis(object):
         return tail(self.lines, n)
 
 
+# --- JSONL records: the other way a trainer writes its progress ----------------------------------
+# A line of any source (the trainer's log, its progress file) is a JSONL record when it parses as a
+# JSON object with a "step" key ({"step": 5, "tok_s": 21500.0, "loss": 2.1}); ProgressAnalysis reads
+# both kinds of line, wherever they come from.
+
+# a line longer than this is not a JSONL record worth parsing
+MAX_RECORD = 64 * 1024
+# how a record is read once rendered as "step=N tok/s=X name=V" (see ProgressAnalysis)
+RECORD_READY_RE = r"^step=\d+ tok/s="
+RECORD_STEP_RE = r"^step=(\d+)"
+
+
+def _record_figure_re(name):
+    return r" " + re.escape(name) + r"=(" + FIGURE + r")(?!\S)"
+
+
+def json_record(line):
+    """The JSON object a JSONL progress line holds (a dict with a "step" key), else None."""
+    text = line.strip()
+    if not text.startswith("{") or len(text) > MAX_RECORD:
+        return None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON; nested deeper than the parser goes ("[[[[...")
+        return None
+    return record if isinstance(record, dict) and "step" in record else None
+
+
+def _shown(value):
+    """A record's value in words (a long one cut)."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def record_number(value, whole=False):
+    """(number, None) for a record's value (a JSON number, or a figure as text: "12.4K"), or
+    (None, words) when it is not a readable, finite, non-negative number."""
+    if isinstance(value, bool) or value is None:
+        return None, "%s is not a number" % _shown(value)
+    if isinstance(value, str):
+        try:
+            value = parse_figure(value.strip())
+        except ValueError:
+            return None, "%s is not a number" % _shown(value)
+    try:
+        finite = isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # a whole number too large for a float
+        finite = False
+    if not finite or value < 0:
+        return None, "%s is not a finite number >= 0" % _shown(value)
+    if whole:
+        if not float(value).is_integer():
+            return None, "%s is not a whole number" % _shown(value)
+        return int(value), None
+    return value, None
+
+
+class ProgressAnalysis(object):
+    """What one source's lines of this start show, whichever way the trainer writes its progress:
+    the one reader of the trainer's log (``StartLog``) and of its own progress file
+    (``_progress_file.ProgressFileReader``). A line is a JSONL record when it parses as a JSON
+    object with a ``"step"`` key (``json_record``), else a plain line.
+
+    Plain lines go to a ``LogAnalysis`` with the user's regexes (``text``); each record is rendered
+    as ``step=N tok/s=X name=V`` of its readable values (``step``, ``tok_s``, and the keys named in
+    ``extra_regexes``; an unreadable value is a problem) and read by a ``LogAnalysis`` of fixed
+    patterns (``record_log``): a record with a readable tok/s is a throughput line.
+
+    Progress - steps, tok/s, named figures, ``line_count``, ``ready_count`` and whatever else the
+    Judge reads - comes from the records once the source has one, else from the plain lines: a
+    source without records reads exactly as ``LogAnalysis`` reads it. ``ready_line``,
+    ``progress_line`` and the progress-like lines are shown as the source has them (a record's own
+    text, not its rendering). ``lines`` / ``tail`` (the plain lines as ``LogAnalysis`` keeps them
+    and the records as written, in order), ``errors`` (the error patterns over every line, a
+    record's text too, in order), ``reason`` and ``problems`` cover both; ``records`` counts the
+    records; ``marker``: the start marker's fields (``StartLog``; None for a progress file, whose
+    start the launcher's log names).
+    """
+
+    def __init__(self, ready_regex=DEFAULT_READY_REGEX, step_regex=DEFAULT_STEP_REGEX,
+                 tokps_regex=DEFAULT_TOKPS_REGEX, error_regexes=DEFAULT_ERROR_REGEXES,
+                 keep_lines=DEFAULT_KEEP_LINES, marker=None, extra_regexes=None, bound=None):
+        extra_regexes = extra_regexes or {}
+        self.bound = bound if bound is not None else LineBound()
+        self.marker = marker
+        self.text = LogAnalysis(ready_regex=ready_regex, step_regex=step_regex, tokps_regex=tokps_regex,
+                                error_regexes=error_regexes, keep_lines=keep_lines, marker=marker,
+                                extra_regexes=extra_regexes, bound=self.bound)
+        self.record_log = LogAnalysis(
+            ready_regex=RECORD_READY_RE, step_regex=RECORD_STEP_RE, tokps_regex=_record_figure_re("tok/s"),
+            error_regexes=(), keep_lines=1,
+            extra_regexes=dict((name, _record_figure_re(name)) for name in extra_regexes))
+        self.extra_names = list(extra_regexes)
+        self.error_res = self.text.error_res
+        # one tail for both kinds of line: the plain lines' analysis keeps it, the records join it
+        self.lines = self.text.lines
+        self.records = 0
+        self._ready_raw = None
+        self._progress_raw = None
+        self._like_first_raw = None
+        self._like_last_raw = None
+        self._record_line = None   # the last record (as the reason reads a line)
+        self._record_after = None  # how many plain lines came before it
+
+    @property
+    def source(self):
+        """The analysis progress comes from."""
+        return self.record_log if self.records else self.text
+
+    def add(self, line):
+        """Read one line (RegexTimeout as ``LogAnalysis.add``)."""
+        record = json_record(line)
+        if record is None:
+            self.text.add(line)
+            return self
+        text = line.rstrip("\r\n")
+        self.records += 1
+        self.lines.append(text)
+        self._record_line = text[:MATCH_CHARS].strip()
+        self._record_after = self.text.line_count
+        log = self.record_log
+        before = (log.ready_count, log.progress_line, log.progress_like_line, log.last_progress_like_line)
+        log.add(self._render(record, text))
+        if log.ready_count != before[0]:
+            self._ready_raw = text
+        if log.progress_line is not None and (log.progress_line is not before[1] or self._progress_raw is None):
+            self._progress_raw = text
+        if log.progress_like_line is not None and before[2] is None:
+            self._like_first_raw = text
+        if log.last_progress_like_line is not None and log.last_progress_like_line is not before[3]:
+            self._like_last_raw = text
+        # the error patterns read the record's text as they read a plain line: its first MATCH_CHARS
+        # characters, under the line's time bound (LineBound); a hit joins the plain lines' errors
+        at = [None]
+        try:
+            with self.bound.line(lambda: at[0]):
+                for i, rx in enumerate(self.error_res):
+                    at[0] = ("trainer_error_regexes[%d]" % i, rx.pattern)
+                    if rx.search(text[:MATCH_CHARS]):
+                        self.text.errors.append((rx.pattern, text))
+                        break
+        except RegexTimeout as exc:
+            raise exc.at(self.text.line_count + self.records, text)
+        return self
+
+    def extend(self, lines):
+        for line in lines:
+            self.add(line)
+        return self
+
+    def _render(self, record, text):
+        """``step=N tok/s=X name=V`` of a record's readable values (an unreadable one is a problem)."""
+        parts = []
+        step, problem = record_number(record.get("step"), whole=True)
+        if problem is not None:
+            self.text._problem("step", problem, text)
+            parts.append("step=?")
+        else:
+            parts.append("step=%d" % step)
+        for key, name in [("tok_s", "tok/s")] + [(n, n) for n in self.extra_names]:
+            if record.get(key) is None:
+                continue
+            value, problem = record_number(record[key])
+            if problem is not None:
+                self.text._problem(name, problem, text)
+            else:
+                parts.append("%s=%r" % (name, value))
+        return " ".join(parts)
+
+    # -- what the Judge reads ------------------------------------------------------------------
+    @property
+    def ready_line(self):
+        return self._ready_raw if self.records else self.text.ready_line
+
+    @property
+    def progress_line(self):
+        return self._progress_raw if self.records else self.text.progress_line
+
+    @property
+    def progress_like_line(self):
+        return self._like_first_raw if self.records else self.text.progress_like_line
+
+    @property
+    def last_progress_like_line(self):
+        return self._like_last_raw if self.records else self.text.last_progress_like_line
+
+    @property
+    def errors(self):
+        return self.text.errors
+
+    @property
+    def first_error(self):
+        return self.text.first_error
+
+    @property
+    def problems(self):
+        if not self.record_log.problems:
+            return self.text.problems
+        return (list(self.text.problems) + list(self.record_log.problems))[:MAX_PROBLEMS]
+
+    @property
+    def reason(self):
+        """The last ``...Error: msg`` line (never a record), else the last non-empty line."""
+        text = self.text
+        if not self.records or text._last_reason:
+            return text.reason
+        if text._last_nonempty_at is not None and text._last_nonempty_at > self._record_after:
+            return text._last_nonempty
+        return self._record_line
+
+    def tail(self, n):
+        return tail(self.lines, n)
+
+    def __getattr__(self, name):
+        if name in ("text", "record_log", "records"):
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+
 def this_start(text, invocation_id):
     """(marker fields or None, [lines]) of the start with ``invocation_id`` in ``text``."""
     follower = StartLog(invocation_id, keep_lines=None)
@@ -636,6 +874,8 @@ def this_start(text, invocation_id):
 
 
 def analyze(lines, **kwargs):
+    """``lines`` read as plain lines by the regexes alone (``LogAnalysis``; ``ProgressAnalysis``
+    reads JSONL records too)."""
     return LogAnalysis(**kwargs).extend(lines)
 
 
@@ -650,7 +890,9 @@ class StartLog(object):
     end arrives). A line ends at "\n", "\r\n" or a lone "\r": tqdm redraws its bar after "\r"
     without a newline, and each redraw is a line (a "\r" at the end of a chunk waits for the next
     one, which may begin with its "\n"). A marker with our invocation resets the analysis (the last such marker
-    wins); any other marker ends our start. ``truncated()`` is for a log that shrank or was
+    wins; ``analysis`` is a ``ProgressAnalysis`` carrying the marker's fields as ``marker``: the
+    plain lines and the JSONL records of this start are read as a progress file's are); any other
+    marker ends our start. ``truncated()`` is for a log that shrank or was
     replaced: the pending partial line is dropped and reading goes on from the file's start;
     lines without a marker still belong to our start if we were in it.
     """
@@ -661,7 +903,7 @@ class StartLog(object):
         self.marker = None
         self.in_start = False
         self.ended = False
-        self.analysis = LogAnalysis(**analysis_kwargs)
+        self.analysis = ProgressAnalysis(**analysis_kwargs)
         self._partial = ""
 
     def feed(self, chunk):
@@ -694,7 +936,7 @@ class StartLog(object):
                 self.marker = marker
                 self.in_start = True
                 self.ended = False
-                self.analysis = LogAnalysis(marker=marker, **self._kwargs)
+                self.analysis = ProgressAnalysis(marker=marker, **self._kwargs)
             elif self.in_start:
                 self.in_start = False
                 self.ended = True

@@ -96,6 +96,18 @@ def test_megatron_is_proved_with_the_defaults(coll):
     assert not any("datetime" in r.text and r.step_counted for r in result.lines)
 
 
+def test_a_capture_of_jsonl_records_is_read_as_the_proof_reads_it(coll, tmp_path):
+    # a trainer that prints {"step": N, "tok_s": X} records on stdout: the proof's log reader reads their keys
+    path = tmp_path / "jsonl.log"
+    path.write_text("loading model\n" + "".join(
+        json.dumps({"step": i, "tok_s": 21000.0 + i, "loss": 2.0}) + "\n" for i in range(1, 41)))
+    result, _d = check_log.check_file(str(path), {}, coll=coll)
+    assert result.ok and result.reason.startswith('ready: {"step": ')
+    assert [(r.step, r.tok_s, r.step_counted) for r in result.lines[:3]] == [
+        (None, None, False), (1, 21001.0, True), (2, 21002.0, True)]
+    assert "trainer_tokps_regex" not in advised(result)
+
+
 # ---- -e changes the verdict --------------------------------------------------------------------------
 
 def test_step_regex_changes_the_verdict(coll, tmp_path):

@@ -27,9 +27,11 @@ PREFIX = "ansible_collections.dflash.trainer.plugins.module_utils"
 # _preflight shipped for two constants; 17 (about 3500 lines) since _begin, _ledger, _marks and a
 # _release_root of its own; about 3800 with what the read itself must judge: the time bound on the user's
 # regexes over this start's log (_trainer_log), nvidia-smi's exit codes by name and the device nodes CUDA
-# opens (_nvidia_smi) - the status read is also the deploy's first read, before anything is stopped
+# opens (_nvidia_smi) - the status read is also the deploy's first read, before anything is stopped; about
+# 4050 with the JSONL records it reads in this start's log (_trainer_log.ProgressAnalysis: the one parser of
+# the log and the progress file)
 STATUS_MAX_FILES = 17
-STATUS_MAX_LINES = 3850
+STATUS_MAX_LINES = 4100
 # the restart's machinery, the lock, the ownership judges, the release's archive: the status read
 # never needs them
 NOT_IN_STATUS = {"_cycle", "_readiness", "_restart_job", "_restart_steps", "_progress_file", "_job_result",

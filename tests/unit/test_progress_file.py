@@ -27,7 +27,7 @@ def trusted(*_args):
 
 
 def reader(path, start=None, **kw):
-    return pf.ProgressFileReader(str(path), pf.ProgressAnalysis(**dict(REGEXES, **kw)), start, trust=trusted)
+    return pf.ProgressFileReader(str(path), tl.ProgressAnalysis(**dict(REGEXES, **kw)), start, trust=trusted)
 
 
 def append(path, text):
@@ -57,11 +57,11 @@ def digest(path):
     ("step 5 tok/s 100", None),
 ])
 def test_a_jsonl_record_is_a_json_object_with_a_step_key(line, expected):
-    assert pf.json_record(line) == expected
+    assert tl.json_record(line) == expected
 
 
 def test_jsonl_records_give_steps_tok_s_and_the_ready_line():
-    a = pf.ProgressAnalysis(**REGEXES)
+    a = tl.ProgressAnalysis(**REGEXES)
     for i in range(1, 4):
         a.add(json.dumps({"step": i, "tok_s": 1000.0 + i, "loss": 2.0}))
     assert a.steps == [1, 2, 3] and a.tok_s == 1003.0 and a.tokps_values == [1001.0, 1002.0, 1003.0]
@@ -70,14 +70,14 @@ def test_jsonl_records_give_steps_tok_s_and_the_ready_line():
 
 
 def test_a_record_without_tok_s_counts_a_step_but_is_no_throughput_line():
-    a = pf.ProgressAnalysis(**REGEXES)
+    a = tl.ProgressAnalysis(**REGEXES)
     a.add('{"step": 1}')
     a.add('{"step": 2, "tok_s": null}')
     assert a.steps == [1, 2] and a.ready_line is None and a.tok_s is None and a.tokps_values == []
 
 
 def test_unreadable_record_values_are_problems_not_progress():
-    a = pf.ProgressAnalysis(**REGEXES)
+    a = tl.ProgressAnalysis(**REGEXES)
     a.add('{"step": 1.5, "tok_s": "fast"}')
     a.add('{"step": true}')
     a.add('{"step": -3}')
@@ -88,13 +88,13 @@ def test_unreadable_record_values_are_problems_not_progress():
 
 
 def test_a_figure_written_as_text_is_read_like_the_logs():
-    a = pf.ProgressAnalysis(**REGEXES)
+    a = tl.ProgressAnalysis(**REGEXES)
     a.add('{"step": "7", "tok_s": "12.4K"}')
     assert a.steps == [7] and a.tok_s == 12400.0
 
 
 def test_once_a_file_has_records_progress_comes_from_them_and_other_lines_are_tail_and_errors():
-    a = pf.ProgressAnalysis(extra_regexes={"mfu": r"mfu=([\d.]+)"}, **REGEXES)
+    a = tl.ProgressAnalysis(extra_regexes={"mfu": r"mfu=([\d.]+)"}, **REGEXES)
     a.add("step 7 tok/s 99 mfu=0.5")            # a plain line before the first record
     assert a.steps == [7] and a.tok_s == 99 and a.extra_values["mfu"] == [0.5]
     a.add('{"step": 1, "tok_s": 10, "mfu": 0.31}')
@@ -107,7 +107,7 @@ def test_once_a_file_has_records_progress_comes_from_them_and_other_lines_are_ta
 
 
 def test_error_patterns_are_read_in_records_too():
-    a = pf.ProgressAnalysis(**REGEXES)
+    a = tl.ProgressAnalysis(**REGEXES)
     a.add('{"step": 4, "error": "CUDA out of memory"}')
     assert a.errors and a.errors[0][0] == "CUDA out of memory"
 
@@ -248,7 +248,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
     path = tmp_path / "fifo"
     os.mkfifo(str(path))
     assert pf.progress_start(str(path)) == {"exists": True, "regular": False}
-    r = pf.ProgressFileReader(str(path), pf.ProgressAnalysis(**REGEXES), None)
+    r = pf.ProgressFileReader(str(path), tl.ProgressAnalysis(**REGEXES), None)
     r.poll()
     assert r.problem == "the progress file %s is not a regular file" % path
 
@@ -273,7 +273,7 @@ def test_only_a_file_only_root_can_write_in_a_directory_only_root_can_write_prov
 def test_a_file_refused_by_trust_is_not_read(tmp_path):
     path = tmp_path / "train.log"
     path.write_text(log_lines(1, 3))
-    r = pf.ProgressFileReader(str(path), pf.ProgressAnalysis(**REGEXES), None,
+    r = pf.ProgressFileReader(str(path), tl.ProgressAnalysis(**REGEXES), None,
                               trust=lambda p, _st, _parent: "the progress file %s is owned by uid 1000" % p)
     r.poll()
     assert r.analysis.line_count == 0 and r.problem.endswith("owned by uid 1000")
@@ -289,7 +289,7 @@ def follower(text):
 
 def test_the_view_takes_the_marker_from_the_launchers_log_and_progress_from_the_file():
     f = follower("Traceback (most recent call last):\n" + tl.marker_line(INV, "r1", 42, "t") + "\nstarting\n")
-    a = pf.ProgressAnalysis(**REGEXES).extend(["step 1 tok/s 10", "step 2 tok/s 11"])
+    a = tl.ProgressAnalysis(**REGEXES).extend(["step 1 tok/s 10", "step 2 tok/s 11"])
     view = pf.ProgressView(f, a)
     assert view.marker["release"] == "r1" and view.steps == [1, 2] and view.tok_s == 11
     assert view.ready_line == "step 2 tok/s 11" and view.line_count == 2
@@ -298,7 +298,7 @@ def test_the_view_takes_the_marker_from_the_launchers_log_and_progress_from_the_
 
 def test_the_view_reads_errors_from_both_and_prefers_a_reason_line():
     f = follower(tl.marker_line(INV, "r1", 42, "t") + "\nonly line on stdout\n")
-    a = pf.ProgressAnalysis(**REGEXES).extend([
+    a = tl.ProgressAnalysis(**REGEXES).extend([
         "step 1 tok/s 10", "Traceback (most recent call last):", '  File "train.py", line 3',
         "RuntimeError: NCCL timeout"])
     view = pf.ProgressView(f, a)
@@ -310,7 +310,7 @@ def test_the_view_reads_errors_from_both_and_prefers_a_reason_line():
 
 def test_the_judge_proves_a_trainer_from_its_progress_file():
     f = follower(tl.marker_line(INV, "r1", 42, "t") + "\none line on stdout\n")
-    a = pf.ProgressAnalysis(**REGEXES)
+    a = tl.ProgressAnalysis(**REGEXES)
     view = pf.ProgressView(f, a)
     judge = Judge(Expectations(invocation_id=INV, gpus=[0], min_mib=1024, min_steps=2, hold_s=2, stall_s=2,
                                timeout_s=30), start=0.0)
@@ -327,7 +327,7 @@ def test_the_judge_proves_a_trainer_from_its_progress_file():
 
 def test_without_the_marker_the_progress_file_proves_nothing():
     f = follower("no marker of ours\n")
-    a = pf.ProgressAnalysis(**REGEXES).extend(['{"step": %d, "tok_s": 5}' % i for i in range(1, 9)])
+    a = tl.ProgressAnalysis(**REGEXES).extend(['{"step": %d, "tok_s": 5}' % i for i in range(1, 9)])
     judge = Judge(Expectations(invocation_id=INV, gpus=[0], min_mib=1024, min_steps=2, hold_s=1, stall_s=1,
                                timeout_s=3), start=0.0)
     unit = {"ActiveState": "active", "SubState": "running", "InvocationID": INV, "NRestarts": "0", "MainPID": "42"}

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _progress_file as pf
 from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
 from ansible_collections.dflash.trainer.plugins.module_utils import _validate as validate
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes, prove
@@ -93,7 +92,7 @@ def test_outside_the_main_thread_the_searches_run_unbounded_and_read_as_before()
 
 
 def test_a_progress_files_record_is_searched_by_the_error_patterns_under_the_bound():
-    a = pf.ProgressAnalysis(error_regexes=[CATASTROPHIC], bound=LineBound(line_s=0.2))
+    a = tl.ProgressAnalysis(error_regexes=[CATASTROPHIC], bound=LineBound(line_s=0.2))
     with pytest.raises(RegexTimeout) as err:
         a.add('{"step": 1, "tok_s": 10.0, "note": "%s"}' % LINE)
     assert err.value.label == "trainer_error_regexes[0]" and err.value.line_no == 1
