@@ -17,6 +17,7 @@ import os
 
 from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
 
+
 def read_state(path):
     """The job state file as a dict, or None (absent, unreadable, or a symlink: never followed)."""
     try:
