@@ -12,6 +12,9 @@ from role_tasks import tasks as _walk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+# rendered from the role's argument spec, whose defaults test_argument_specs.py holds to defaults/main.yml and
+# test_variables_doc.py holds the page to: its default column is no claim written by hand
+RENDERED = {os.path.join(ROOT, "docs", "variables.md")}
 # variables the role reads that are not defaults (the user sets them) or that name inventory/CLI inputs
 USER_VARS = {"trainer_src", "trainer_rollback_release", "trainer_target_hosts", "trainer_serial", "trainer_hosts"}
 
@@ -195,7 +198,8 @@ def formula_problems(doc_text, defaults):
     return out
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[os.path.relpath(d, ROOT) for d in DOCS])
+@pytest.mark.parametrize("doc", [d for d in DOCS if d not in RENDERED],
+                         ids=[os.path.relpath(d, ROOT) for d in DOCS if d not in RENDERED])
 def test_every_default_the_docs_state_is_the_roles(doc):
     d = role_defaults()
     assert default_claim_problems(stated_defaults(text(doc)), d) + formula_problems(text(doc), d) == []
