@@ -441,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("doctor")
     _add_target(p)
     p.add_argument("--json", action="store_true", help="print each host's checks as JSON (with exit_code)")
+    p.add_argument("--record", metavar="DIR",
+                   help="also write what each node and container answered (the scripts' output, the clock, the lines "
+                        "judged; trainer_env's values masked) to DIR/HOST.json, mode 0600: attach it to a bug report "
+                        "- the collection's unit tests replay such a file (trainer_doctor_record_dir)")
     p = command("history")
     _add_target(p)
     p.add_argument("-n", "--count", type=int, metavar="RELEASES", help="how many releases (default 10)")
@@ -536,6 +540,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.action == "logs":
         if args.follow and args.explain:
             sub.error("--explain reads this start's lines once: it does not go with -f")
+    if getattr(args, "record", None):
+        try:  # before the run: a directory that cannot be written is said at once
+            extravars["trainer_doctor_record_dir"] = record_dir(args.record)
+        except OSError as e:
+            sub.error("--record %s: %s" % (args.record, e.strerror or e))
     if getattr(args, "plot", None):
         try:  # before the run: a chart that cannot be written is said at once
             plot.chart_format(args.plot)
@@ -552,6 +561,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run(args, extravars, stop)
     finally:
         stop.uninstall()
+
+
+def record_dir(path: str) -> str:
+    """doctor --record DIR: DIR made absolute, created (0700) when missing, writable -> its path; OSError."""
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(13, "not writable")
+    return path
 
 
 @contextlib.contextmanager
@@ -683,8 +701,8 @@ def run_doctor(args, extravars: dict, stop: Stop) -> int:
 
     def on_event(event):
         found = doctor.report_of(event)
-        if found:
-            reports[found[0]] = found[1]
+        if found:  # what --record wrote is in its file, not in what is printed
+            reports[found[0]] = {k: v for k, v in found[1].items() if k != "record"}
         if watcher is not None:
             watcher(event)
 

@@ -1,6 +1,7 @@
 """The doctor's scripts and judgement (playbooks/doctor.yml, roles/trainer/tasks/doctor.yml), made in Python
 (plugins/plugin_utils/_doctor.py, unit-tested) so that the play only asks and shows."""
 
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import secret_values
 from ansible_collections.dflash.trainer.plugins.plugin_utils import _doctor
 
 
@@ -13,10 +14,16 @@ def trainer_doctor_script(where, **kw):
                                     kw.get("python") or "/usr/bin/python3", kw.get("nvidia_smi") or "nvidia-smi")
 
 
-def trainer_doctor_report(node, ct, before=None, after=None, **kw):
-    """The checks of the node's and the container's raw answers: {checks, lines, failed, exit_code, summary}."""
+def trainer_doctor_report(node, ct, before=None, after=None, env=None, record=False, **kw):
+    """The checks of the node's and the container's raw answers, the values of ``env`` (trainer_env) masked:
+    {checks, lines, failed, exit_code, summary}, and with ``record`` the answers kept for `doctor --record`
+    (a fixture plugins/plugin_utils/_doctor.replay judges again)."""
     kw["sudo"] = bool(kw.get("sudo"))
-    return _doctor.report(_doctor.judge(node, ct, before, after, **kw))
+    kept = _doctor.record(node, ct, before, after, secrets=secret_values(env or {}), **kw)
+    out = _doctor.replay(kept)
+    if record:
+        out["record"] = kept
+    return out
 
 
 class FilterModule:

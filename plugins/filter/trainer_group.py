@@ -11,7 +11,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._group import (
     verdict,
 )
 
-KINDS = ("whole", "barrier", "plan", "verdict", "stray")
+KINDS = ("whole", "barrier", "watch", "plan", "verdict", "stray")
 
 
 def _read(members, hostvars, var):
@@ -46,7 +46,8 @@ def strays_of(host, hostvars):
 def trainer_group(members, kind, hostvars, var, what="", in_run=None):
     """``kind`` whole: is every member in this run (``var``: the group's name, ``in_run``: the play's hosts);
     barrier: did every member pass the phase registered as ``var`` (``what`` names it; ``in_run``:
-    the hosts still in the play, ansible_play_hosts);
+    the hosts still in the play, ansible_play_hosts); watch: a barrier over trainer_status's watch
+    (trainer_watch_s), which fails a member whose trainer it saw not healthy;
     plan: the group's plan from every member's first read (``var``: its registered result; ``what``: the
     group's name; ``in_run``: the hosts of this run); verdict: was every member's job (``var``) proved."""
     if kind == "stray":  # (var: this host, whose own trainer_group is empty) -> dict(refused)
@@ -60,8 +61,9 @@ def trainer_group(members, kind, hostvars, var, what="", in_run=None):
         own = dict((m, _own_group(hostvars, m)) for m in members)
         return dict(refused=strays(var, members, own) or not_whole(var, members, list(in_run or [])))
     results = _read(members, hostvars, var)
-    if kind == "barrier":
-        return barrier(members, results, what or var, alive=None if in_run is None else list(in_run))
+    if kind in ("barrier", "watch"):
+        return barrier(members, results, what or var, alive=None if in_run is None else list(in_run),
+                       health=kind == "watch")
     if kind == "verdict":  # (what: the group's check, registered on every member; empty - not judged)
         return verdict(members, results, _read(members, hostvars, what) if what else None)
     return group_plan(what, members, dict((m, (results.get(m) or {}).get("plan") or {}) for m in members),

@@ -12,24 +12,37 @@ Every member computes the same answer from the same registered results, so no ho
 """
 
 
-def _failure(result):
-    """Why a registered task result failed, in words; None when it succeeded (or was skipped)."""
+def _failure(result, health=False):
+    """Why a registered task result failed, in words; None when it succeeded (or was skipped). With ``health``
+    (trainer_status's watch, trainer_watch_s): a watch that saw the trainer not healthy failed too."""
     if not isinstance(result, dict) or not result:
         return "did not reach this phase"
     if result.get("unreachable"):
         return "unreachable: %s" % (result.get("msg") or "no answer")
     if result.get("failed"):
         return (result.get("msg") or "failed").splitlines()[0]
+    seen = result.get("health") if health and not result.get("skipped") else None
+    if isinstance(seen, dict) and not seen.get("ok", True):
+        return "did not stay up for %s s after the group's proof: %s" % (
+            _seconds(result.get("watched_s")), seen.get("words") or "not healthy")
     return None
 
 
-def barrier(members, results, phase, alive=None):
+def _seconds(value):
+    try:
+        return "%g" % float(value)
+    except (TypeError, ValueError):
+        return "?"
+
+
+def barrier(members, results, phase, alive=None, health=False):
     """Whether every member of the group passed ``phase`` -> dict(failed, words, members): ``results``
     maps each member to what it registered for the phase (a skipped task counts as passed); ``alive``:
-    the hosts still in the play (a member that failed or was unreachable at any task has left it)."""
+    the hosts still in the play (a member that failed or was unreachable at any task has left it); ``health``:
+    the phase is trainer_status's watch, whose result fails when the trainer was not healthy."""
     failures = []
     for m in members:
-        why = "not in this run" if m not in results else _failure(results.get(m))
+        why = "not in this run" if m not in results else _failure(results.get(m), health)
         if why is None and alive is not None and m not in alive:
             why = "left the run (a task failed or it became unreachable)"
         if why:

@@ -10,6 +10,11 @@ RC``. ``judge`` reads both raw results (Ansible's ``raw`` results: rc/stdout, or
 transport failed) with the controller's clock around them and returns the checks in order, each
 ``{name, mark, detail, remedy}``: mark "✓" holds, "✗" does not (with the remedy), "?" not checked (a check
 before it failed, or the node would not say). Pure: the unit test drives it with recorded outputs.
+
+``record`` keeps what the node and the container answered (the raw results' fields ``judge`` reads, the
+clock around them, the judge's parameters) with the lines judged from it, the trainer's environment values
+masked: `dflash-trainer doctor --record DIR` writes one per host, and ``replay`` judges it again - a node's
+answers become a unit test's fixture (tests/unit/fixtures/doctor/).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import shlex
 
 from ansible_collections.dflash.trainer.plugins.connection.pct import pct_refusal
 from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi
+from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask
 
 OK, BAD, UNKNOWN = "✓", "✗", "?"
 # exit codes as dflash_trainer/results.py's: 0 every assumption holds, 1 one does not, 3 the node unreachable
@@ -329,3 +335,37 @@ def report(checks):
                "%d of %d assumptions do not hold: %s" % (len(bad), len(checks), line(bad[0])))
     return {"checks": checks, "lines": [line(c) for c in checks], "failed": bool(bad),
             "exit_code": exit_code(checks), "summary": summary}
+
+
+# what judge reads of a raw result, and its parameters: all a record keeps
+RAW_FIELDS = ("rc", "stdout", "stderr", "unreachable", "failed", "msg")
+JUDGE_PARAMS = ("vmid", "host", "user", "pct_path", "sudo", "python", "nvidia_smi", "trainer_root")
+RECORD_VERSION = 1
+
+
+def _raw(result):
+    return {k: result[k] for k in RAW_FIELDS if k in (result or {})} if result is not None else None
+
+
+def record(node, ct, before=None, after=None, secrets=(), **params):
+    """What the doctor was answered, for ``replay``: the raw results (RAW_FIELDS), the clock around them, the
+    judge's parameters and the lines judged, every value of ``secrets`` masked (***)."""
+    kept = {k: params[k] for k in JUDGE_PARAMS if k in params}
+    rec = {"version": RECORD_VERSION, "params": kept, "node": _raw(node), "container": _raw(ct),
+           "before": before, "after": after}
+    rec = mask(rec, list(secrets))
+    rec["lines"] = report(replay_checks(rec))["lines"]
+    return rec
+
+
+def replay_checks(rec):
+    """The checks judged from a record."""
+    if rec.get("version") != RECORD_VERSION:
+        raise ValueError("a doctor record of version %r; this collection reads version %d" % (
+            rec.get("version"), RECORD_VERSION))
+    return judge(rec.get("node"), rec.get("container"), rec.get("before"), rec.get("after"), **rec.get("params", {}))
+
+
+def replay(rec):
+    """The report (as ``report``) judged from a record."""
+    return report(replay_checks(rec))

@@ -56,6 +56,24 @@ def test_a_healthy_fresh_container_holds_every_assumption(lab, inv):
     assert res.stdout.startswith("ct: every assumption holds")
 
 
+def test_record_writes_what_the_node_answered_and_it_replays_to_the_printed_lines(lab, inv, tmp_path):
+    """doctor --record DIR: one HOST.json (0600) that the collection's judge replays to the lines printed; the
+    trainer's environment values never in it."""
+    from ansible_collections.dflash.trainer.plugins.plugin_utils import _doctor
+
+    where = tmp_path / "records"
+    res, checks = doctor(inv, "--record", str(where), "-e", '{"trainer_env": {"HF_TOKEN": "hf_doctor_secret_1"}}')
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    path = where / "ct.json"
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(where.stat().st_mode & 0o777) == "0o700"
+    rec = json.loads(path.read_text())
+    assert "hf_doctor_secret_1" not in path.read_text()
+    assert str(rec["params"]["vmid"]) == CT and "@@dflash-doctor" in rec["node"]["stdout"] + rec["container"]["stdout"]
+    replayed = _doctor.replay(rec)["lines"]
+    assert replayed == rec["lines"] and [line[:14].strip("✓✗? ") for line in replayed] == NAMES
+    assert [line.strip() for line in checks.values()] == [line.strip() for line in replayed], res.stdout
+
+
 def test_the_playbook_says_the_same_for_users_without_the_cli(lab, inv):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     res = subprocess.run(["ansible-playbook", "-i", inv, "playbooks/doctor.yml", "-e", "trainer_target_hosts=all"],

@@ -10,7 +10,8 @@ letting go lets it go on.
   last good), active;
 - a failed configuration change of the group (trainer_env, same code): every member is back on the last good
   release and the configuration proved with it (its environment file, the trainer's environment), active;
-- a host of the group's inventory group whose own trainer_group is empty is refused before any change."""
+- a host of the group's inventory group whose own trainer_group is empty is refused before any change;
+- a member that dies within trainer_watch_s after the group's proof fails every member, named."""
 import json
 import os
 import shutil
@@ -174,6 +175,35 @@ def test_a_member_that_dies_after_its_own_proof_fails_the_group(lab, proved, inv
     assert "g0:" in out and "main pid" in out.lower(), out[-4000:]
     assert "Every member was put back on release %s" % good in out, out[-4000:]
     assert [pointers(lab, ct) for ct in CTS] == [(good, good)] * 2
+    assert all(unit(lab, ct)["ActiveState"] == "active" for ct in CTS)
+
+
+def test_a_member_that_dies_within_trainer_watch_s_after_the_groups_proof_fails_every_member(lab, proved, inv, base):
+    """trainer_watch_s for a group: once every member's last good release is the new one (the group's proof), g1's
+    trainer is killed (systemd starts it again); every member fails, naming g1 and what its watch saw. The proved
+    release stays, as for one host."""
+    before = [pointers(lab, ct)[1] for ct in CTS]
+    log = str(base / "watch.out")
+    proc = started(inv, tree(base, "r3"), log, extra={"trainer_watch_s": 60})
+    try:
+        def group_proved():
+            running(proc, log)
+            now = [pointers(lab, ct) for ct in CTS]
+            return all(cur == good and good != old for (cur, good), old in zip(now, before)) and now
+
+        now = wait_for(group_proved, timeout=600, interval=0.2)
+        assert now, "the group was never proved on the new release"
+        pid = unit(lab, CTS[1])["MainPID"]
+        assert lab.ct(CTS[1], "kill", "-9", pid).returncode == 0  # g1's trainer dies; systemd starts it again
+        out = ended(proc, log)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    flat = " ".join(out.split())
+    assert proc.returncode != 0, out[-4000:]
+    assert "the watch (trainer_watch_s=60) failed on 1 of 2 members - g1: did not stay up for" in flat, out[-4000:]
+    assert [pointers(lab, ct) for ct in CTS] == now  # the proved release stays
     assert all(unit(lab, ct)["ActiveState"] == "active" for ct in CTS)
 
 

@@ -1,5 +1,7 @@
 """The doctor's judgement (plugins/plugin_utils/_doctor.py) from recorded answers of a node and a container,
 and the CLI's output of it (dflash_trainer/doctor.py)."""
+import json
+import os
 import subprocess
 
 import pytest
@@ -196,3 +198,44 @@ def test_the_cli_exit_codes():
     refused = RunResult(ok=False, rc=2, status="failed", refused=True, reason="no host matched the pattern 'x'")
     assert doctor.run_exit(refused, {}) == refused.exit_code != 0
     assert "no host matched" in doctor.text(refused, {})
+
+
+# -- doctor --record: what a node answered, replayed --------------------------------------------------------
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "doctor")
+
+
+def test_a_record_keeps_only_what_the_judge_reads_and_replays_to_the_same_lines():
+    node_res = {"rc": 0, "stdout": out(**NODE), "stderr": "", "changed": False, "invocation": {"x": 1}}
+    ct_res = {"rc": 0, "stdout": out(**CT)}
+    rec = _doctor.record(node_res, ct_res, 1000.0, 1001.0, vmid="490", host="pve1", user="root", sudo=False)
+    assert set(rec["node"]) == {"rc", "stdout", "stderr"} and rec["params"]["vmid"] == "490"
+    assert rec["lines"] == judge()["lines"] == _doctor.replay(json.loads(json.dumps(rec)))["lines"]
+
+
+def test_a_record_masks_the_trainers_environment_values():
+    ct = dict(CT, python=(1, "cannot run /usr/bin/python3 with HF_TOKEN=hf_secret_value_123"))
+    rec = _doctor.record({"rc": 0, "stdout": out(**NODE)}, {"rc": 0, "stdout": out(**ct)}, 1000.0, 1001.0,
+                         secrets=["hf_secret_value_123"], vmid="490", host="pve1", user="root")
+    text = json.dumps(rec)
+    assert "hf_secret_value_123" not in text and "HF_TOKEN=***" in text
+
+
+def test_a_record_of_another_version_is_refused_saying_so():
+    with pytest.raises(ValueError, match="version 99"):
+        _doctor.replay({"version": 99})
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(FIXTURES) if f.endswith(".json")))
+def test_every_recorded_node_replays_to_the_lines_it_printed(name):
+    """tests/unit/fixtures/doctor/*.json: `dflash-trainer doctor --record DIR` against the lab, healthy and with
+    each fault it can inject - a user's recorded node goes here, its lines corrected to what they should say."""
+    with open(os.path.join(FIXTURES, name), encoding="utf-8") as fh:
+        rec = json.load(fh)
+    assert _doctor.replay(rec)["lines"] == rec["lines"]
+
+
+def test_the_cli_makes_the_record_directory_and_passes_it_on(tmp_path):
+    from dflash_trainer import __main__ as cli
+    where = cli.record_dir(str(tmp_path / "rec" / "here"))
+    assert where == str(tmp_path / "rec" / "here") and os.path.isdir(where)
+    assert oct(os.stat(where).st_mode & 0o777) == "0o700"

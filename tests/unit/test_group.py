@@ -31,6 +31,17 @@ def test_a_barrier_passes_only_when_every_member_passed():
     assert left["failed"] and "g1: left the run" in left["words"]
 
 
+def test_a_members_watch_that_saw_it_die_fails_the_barrier_with_its_words():
+    up = {"health": {"ok": True, "words": "running"}, "watched_s": 60.0}
+    died = {"health": {"ok": False, "words": "restarted by systemd (NRestarts 1)"}, "watched_s": 12.5}
+    assert not barrier(M, {"g0": up, "g1": up}, "the watch", health=True)["failed"]
+    assert not barrier(M, {"g0": up, "g1": died}, "the first read")["failed"]  # health is the watch's alone
+    out = barrier(M, {"g0": up, "g1": died}, "the watch (trainer_watch_s=60)", health=True)
+    assert out["failed"] and out["members"] == ["g1"]
+    assert out["words"] == ("trainer group: the watch (trainer_watch_s=60) failed on 1 of 2 members - g1: did not "
+                            "stay up for 12.5 s after the group's proof: restarted by systemd (NRestarts 1)")
+
+
 def test_the_group_restarts_as_one_when_any_member_must():
     one = group_plan("dist", M, {"g0": plan(restart=False, reasons=[], current="r2", upload=False),
                                  "g1": plan(reasons=["trainer not running"], current="r2", upload=False)}, M)
