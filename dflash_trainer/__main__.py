@@ -104,6 +104,8 @@ def describe_host(h: HostResult) -> list[str]:
             spark = plot.sparkline_line(s.history)
             if spark:
                 lines.append("  " + spark)
+    if h.group and h.group.get("words"):  # a trainer group's member: the group as a whole
+        lines.append("  %s" % h.group["words"])
     if h.comparison:
         lines.append("  " + h.comparison.get("words", ""))
     if not h.ok:

@@ -91,6 +91,9 @@ _RESULT_EVENTS = {
     "runner_item_on_skipped": "skipped",
 }
 
+# the status of a trainer group as a whole (roles/trainer/tasks/status.yml: the trainer_group filter's status)
+GROUP_STATUS_FACT = "__trainer_group_status"
+
 
 # --- lenient conversions ------------------------------------------------------------------------
 
@@ -330,6 +333,8 @@ class HostResult:
     config: Optional[str] = None
     previous_config: Optional[str] = None
     elapsed_s: Optional[float] = None
+    # status of a trainer group's member: the group as a whole (ok: true, false or null - not judged; words; members)
+    group: Optional[dict] = None
 
     @property
     def exit_code(self) -> int:
@@ -585,6 +590,9 @@ class _HostState:
                     self.not_started and _action(event_data) in ("ansible.builtin.fail", "fail")))
         if kind not in ("ok", "failed"):
             return
+        facts = res.get("ansible_facts")
+        if isinstance(facts, Mapping) and isinstance(facts.get(GROUP_STATUS_FACT), Mapping):
+            r.group = dict(facts[GROUP_STATUS_FACT])
         # a loop's aggregate result repeats its items (seen as runner_item_on_* events)
         if not is_item and isinstance(res.get("results"), list):
             return

@@ -3,6 +3,7 @@ registered (module_utils/_group.py, pure and tested), so the role's group flow s
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.trainer.plugins.module_utils._group import (
+    as_one,
     barrier,
     failure_words,
     group_plan,
@@ -11,7 +12,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._group import (
     verdict,
 )
 
-KINDS = ("whole", "barrier", "watch", "plan", "verdict", "stray")
+KINDS = ("whole", "barrier", "watch", "plan", "verdict", "status", "stray")
 
 
 def _read(members, hostvars, var):
@@ -49,7 +50,9 @@ def trainer_group(members, kind, hostvars, var, what="", in_run=None):
     the hosts still in the play, ansible_play_hosts); watch: a barrier over trainer_status's watch
     (trainer_watch_s), which fails a member whose trainer it saw not healthy;
     plan: the group's plan from every member's first read (``var``: its registered result; ``what``: the
-    group's name; ``in_run``: the hosts of this run); verdict: was every member's job (``var``) proved."""
+    group's name; ``in_run``: the hosts of this run); verdict: was every member's job (``var``) proved;
+    status: does the group run as one proved job (``var``: every member's status read; ``what``: the group's
+    name; ``in_run``: the hosts of this run)."""
     if kind == "stray":  # (var: this host, whose own trainer_group is empty) -> dict(refused)
         return dict(refused=strays_of(var, hostvars))
     if kind not in KINDS:
@@ -64,6 +67,8 @@ def trainer_group(members, kind, hostvars, var, what="", in_run=None):
     if kind in ("barrier", "watch"):
         return barrier(members, results, what or var, alive=None if in_run is None else list(in_run),
                        health=kind == "watch")
+    if kind == "status":  # (var: every member's trainer_status result; what: the group's name)
+        return as_one(what, members, results, None if in_run is None else list(in_run))
     if kind == "verdict":  # (what: the group's check, registered on every member; empty - not judged)
         return verdict(members, results, _read(members, hostvars, what) if what else None)
     return group_plan(what, members, dict((m, (results.get(m) or {}).get("plan") or {}) for m in members),

@@ -122,6 +122,37 @@ def group_plan(name, members, plans, in_run):
     return plan
 
 
+def as_one(name, members, statuses, in_run=None):
+    """Whether a trainer group runs as one proved job, from every member's status read (``statuses``: member ->
+    trainer_status's result) -> dict(ok, words, members): ok True - every member runs healthily (health.ok) one
+    and the same release, the last good one of each; False - a member does not (``members`` names them); None - not
+    judged: a member was not read in this run (``in_run``: the hosts of this run)."""
+    absent = [m for m in members if not isinstance(statuses.get(m), dict) or not statuses.get(m)
+              or (in_run is not None and m not in in_run)]
+    if absent:
+        return dict(ok=None, members=absent, words="trainer group %s: not judged as one - %s not read in this run "
+                    "(read every member: -l %s)" % (name, ", ".join(absent), name))
+    failures, running = [], {}
+    for m in members:
+        st = statuses[m]
+        health = st.get("health") if isinstance(st.get("health"), dict) else {}
+        running[m] = st.get("running_release") or None
+        if st.get("unreachable") or st.get("failed"):
+            failures.append((m, _failure(st)))
+        elif not health.get("ok"):
+            failures.append((m, health.get("words") or "not healthy"))
+        elif running[m] != st.get("last_good"):
+            failures.append((m, "runs %s, its last good release is %s" % (running[m] or "nothing", st.get("last_good"))))
+    releases = sorted(set(r or "nothing" for r in running.values()))
+    if not failures and len(releases) > 1:
+        failures = [(m, "runs %s" % (running[m] or "nothing")) for m in members]
+    if failures:
+        return dict(ok=False, members=[m for m, _w in failures], words="trainer group %s: not proved as one - %s" % (
+            name, _listed(failures)))
+    return dict(ok=True, members=[], words="trainer group %s: proved as one - release %s on every member (%s)" % (
+        name, releases[0], ", ".join(members)))
+
+
 def verdict(members, jobs, checks=None):
     """Whether the group's restart was proved: every member's job ended proved (``jobs``: member ->
     the job's outcome as trainer_restart returned it) and, once all had, every member still ran what its

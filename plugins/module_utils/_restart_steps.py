@@ -256,7 +256,8 @@ def run_under_lease(p, record, secrets, pid, what, make_job, release_lock=releas
 def mark_proved(p, systemctl):
     """After the group's check (trainer_restart O(state=good)): the release this member's job ``p["job_id"]``
     proved becomes its last good one, the configuration in place is kept beside it and the ledger records it
-    proved -> dict(release, previous). Raises StepFailed when that job did not prove a release."""
+    proved, dated by that job's end -> dict(release, previous). Raises StepFailed when that job did not prove a
+    release."""
     state = read_state(p["state_path"]) or {}
     result = state.get("result") or {}
     if state.get("job_id") != p["job_id"] or not result.get("ok") or not result.get("release"):
@@ -272,8 +273,11 @@ def mark_proved(p, systemctl):
     config.keep(release)
     source = p["source"] or next((e["source"] for e in reversed(layout.ledger())
                                   if e.get("release") == release and e.get("source")), None) or "content %s" % release
+    # the entry is dated by the member's own proof (its job's end), not by this call: an activation that started
+    # after it - systemd's Restart= between the proof and the group's verdict - is never taken for the proved one
+    proved_at = state.get("finished") if isinstance(state.get("finished"), (int, float)) else None
     layout.record([entry(release, PROVED, result.get("figures"), source, "proved with every member of its group",
-                         config=job_config_id(p))])
+                         now=proved_at, config=job_config_id(p))])
     return dict(release=release, previous=previous)
 
 

@@ -11,7 +11,8 @@ letting go lets it go on.
 - a failed configuration change of the group (trainer_env, same code): every member is back on the last good
   release and the configuration proved with it (its environment file, the trainer's environment), active;
 - a host of the group's inventory group whose own trainer_group is empty is refused before any change;
-- a member that dies within trainer_watch_s after the group's proof fails every member, named."""
+- a member that dies within trainer_watch_s after the group's proof fails every member, named;
+- status says whether the group runs as one proved job (every member read), and names the member that does not."""
 import json
 import os
 import shutil
@@ -229,3 +230,30 @@ def test_a_failed_configuration_change_puts_every_member_back_on_the_proved_conf
         assert "FAKE_TRAINER_FAULT" not in lab.ct(ct, "cat", ENV_FILE).stdout
         pid = unit(lab, ct)["MainPID"]
         assert "FAKE_TRAINER_FAULT" not in lab.ct(ct, "cat", "/proc/%s/environ" % pid).stdout
+
+
+def status(inv_path, *extra):
+    res = subprocess.run(["ansible-playbook", "-i", inv_path, "playbooks/status.yml", *extra], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=300, check=False)
+    res.out = " ".join((res.stdout + res.stderr).split())
+    return res
+
+
+def test_status_says_whether_the_group_runs_as_one_proved_job(lab, proved, inv, base):
+    res = play(inv, tree(base, "r1"), extra={"trainer_force_restart": True})  # the group proved, whatever ran before
+    assert res.returncode == 0, res.out[-4000:]
+    good = pointers(lab, CTS[0])[1]
+    assert [pointers(lab, ct) for ct in CTS] == [(good, good)] * 2
+    res = status(inv)
+    assert res.returncode == 0, res.out[-3000:]
+    assert "trainer group %s: proved as one - release %s on every member (g0, g1)" % (GROUP, good) in res.out, \
+        res.out[-3000:]
+    res = status(inv, "-l", "g0")
+    assert res.returncode == 0 and "not judged as one - g1 not read in this run (read every member: -l %s)" % GROUP \
+        in res.out, res.out[-3000:]
+    pid = unit(lab, CTS[1])["MainPID"]
+    assert lab.ct(CTS[1], "kill", "-9", pid).returncode == 0  # g1's trainer dies; systemd starts it again
+    assert wait_for(lambda: unit(lab, CTS[1])["MainPID"] not in ("0", pid), timeout=120, interval=0.2)
+    res = status(inv)
+    assert res.returncode != 0, res.out[-3000:]
+    assert "trainer group %s: not proved as one - g1: " % GROUP in res.out, res.out[-3000:]

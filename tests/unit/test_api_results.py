@@ -399,3 +399,16 @@ def test_a_status_read_carries_the_installed_configuration_and_the_rows_of_exper
     again = RunResult.from_dict(json.loads(json.dumps(build_run_result(evs).to_dict()))).hosts["h"].status
     assert again.config == "9e1d4470" and again.history[0]["vs"]["config"] == "3fa1c2d9"
     assert TrainerStatus.from_result({"running": False}).config is None
+
+
+def test_a_trainer_groups_status_as_a_whole_is_read_and_described():
+    words = "trainer group tg: not proved as one - g1: runs r1"
+    fact = {"__trainer_group_status": {"ok": False, "words": words, "members": ["g1"]}}
+    judged = {"host": "g0", "task": "Judge the trainer group as a whole", "resolved_action": "ansible.builtin.set_fact",
+              "res": {"ansible_facts": fact}}
+    evs = [{"event": "runner_on_ok", "event_data": judged},
+           {"event": "playbook_on_stats", "event_data": {"ok": {"g0": 1}}}]
+    h = build_run_result(evs).hosts["g0"]
+    assert h.group == {"ok": False, "words": words, "members": ["g1"]}
+    assert "  " + words in describe(build_run_result(evs)).splitlines()
+    assert HostResult.from_dict(json.loads(json.dumps(h.to_dict()))).group == h.group

@@ -213,7 +213,8 @@ def test_a_record_keeps_only_what_the_judge_reads_and_replays_to_the_same_lines(
 
 
 def test_a_record_masks_the_trainers_environment_values():
-    ct = dict(CT, python=(1, "cannot run /usr/bin/python3 with HF_TOKEN=hf_secret_value_123"))
+    ct = dict(CT)
+    ct["python"] = (1, "cannot run /usr/bin/python3 with HF_TOKEN=hf_secret_value_123")
     rec = _doctor.record({"rc": 0, "stdout": out(**NODE)}, {"rc": 0, "stdout": out(**ct)}, 1000.0, 1001.0,
                          secrets=["hf_secret_value_123"], vmid="490", host="pve1", user="root")
     text = json.dumps(rec)

@@ -5,7 +5,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group
-from ansible_collections.dflash.trainer.plugins.module_utils._group import barrier, group_plan, verdict
+from ansible_collections.dflash.trainer.plugins.module_utils._group import as_one, barrier, group_plan, verdict
 from ansible_collections.dflash.trainer.plugins.module_utils._group_check import still_proved
 
 M = ["g0", "g1"]
@@ -151,3 +151,28 @@ def test_a_host_of_the_group_whose_own_trainer_group_is_empty_refuses_the_group(
     assert strays("tg", ["a", "b"], {"a": "tg", "b": "tg"}) is None
     words = strays("tg", ["a", "b"], {"a": "tg", "b": ""})
     assert "b is in its inventory group but its trainer_group is empty" in words and "nothing was changed" in words
+
+
+def _read(release="r2", last_good="r2", ok=True, words="running r2, proved"):
+    return {"running_release": release, "last_good": last_good, "health": {"ok": ok, "words": words}}
+
+
+def test_status_says_whether_the_group_runs_as_one_proved_job():
+    one = as_one("tg", M, {"g0": _read(), "g1": _read()}, M)
+    words = "trainer group tg: proved as one - release r2 on every member (g0, g1)"
+    assert one == {"ok": True, "members": [], "words": words}
+    died = as_one("tg", M, {"g0": _read(), "g1": _read(ok=False, words="died 12 s after its proof")}, M)
+    assert died["ok"] is False and died["members"] == ["g1"] and "g1: died 12 s after its proof" in died["words"]
+    two = as_one("tg", M, {"g0": _read(), "g1": _read(release="r1", last_good="r1")}, M)
+    assert two["ok"] is False and two["words"] == "trainer group tg: not proved as one - g0: runs r2; g1: runs r1"
+    gone = as_one("tg", M, {"g0": _read(), "g1": {"unreachable": True, "msg": "ssh: no route"}}, M)
+    assert gone["words"] == "trainer group tg: not proved as one - g1: unreachable: ssh: no route"
+    drift = as_one("tg", M, {"g0": _read(), "g1": _read(last_good="r1")}, M)
+    assert drift["members"] == ["g1"] and "g1: runs r2, its last good release is r1" in drift["words"]
+
+
+def test_status_of_some_members_judges_nothing_and_says_how_to_read_them_all():
+    part = as_one("tg", M, {"g0": _read()}, ["g0"])
+    assert part["ok"] is None and part["members"] == ["g1"]
+    assert part["words"] == "trainer group tg: not judged as one - g1 not read in this run (read every member: -l tg)"
+    assert trainer_group(M, "status", {"g0": {"st": _read()}, "g1": {"st": _read()}}, "st", "tg", M)["ok"] is True
