@@ -19,8 +19,7 @@ def trainer_doctor_report(node, ct, before=None, after=None, env=None, record=Fa
     {checks, lines, failed, exit_code, summary}, and with ``record`` the answers kept for `doctor --record`
     (a fixture plugins/plugin_utils/_doctor.replay judges again)."""
     kw["sudo"] = bool(kw.get("sudo"))
-    kept = _doctor.record(node, ct, before, after, secrets=secret_values(env or {}), **kw)
-    out = _doctor.replay(kept)
+    out, kept = _doctor.judged(node, ct, before, after, secrets=secret_values(env or {}), **kw)
     if record:
         out["record"] = kept
     return out

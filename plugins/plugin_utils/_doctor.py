@@ -11,7 +11,7 @@ transport failed) with the controller's clock around them and returns the checks
 ``{name, mark, detail, remedy}``: mark "✓" holds, "✗" does not (with the remedy), "?" not checked (a check
 before it failed, or the node would not say). Pure: the unit test drives it with recorded outputs.
 
-``record`` keeps what the node and the container answered (the raw results' fields ``judge`` reads, the
+``record`` (``judged``: with the report) keeps what the node and the container answered (the raw results' fields ``judge`` reads, the
 clock around them, the judge's parameters) with the lines judged from it, the trainer's environment values
 masked: `dflash-trainer doctor --record DIR` writes one per host, and ``replay`` judges it again - a node's
 answers become a unit test's fixture (tests/unit/fixtures/doctor/).
@@ -347,15 +347,25 @@ def _raw(result):
     return {k: result[k] for k in RAW_FIELDS if k in (result or {})} if result is not None else None
 
 
-def record(node, ct, before=None, after=None, secrets=(), **params):
-    """What the doctor was answered, for ``replay``: the raw results (RAW_FIELDS), the clock around them, the
-    judge's parameters and the lines judged, every value of ``secrets`` masked (***)."""
+def answers(node, ct, before=None, after=None, secrets=(), **params):
+    """What the doctor was answered, as ``replay`` judges it: the raw results (RAW_FIELDS), the clock around them
+    and the judge's parameters, every value of ``secrets`` masked (***)."""
     kept = {k: params[k] for k in JUDGE_PARAMS if k in params}
-    rec = {"version": RECORD_VERSION, "params": kept, "node": _raw(node), "container": _raw(ct),
-           "before": before, "after": after}
-    rec = mask(rec, list(secrets))
-    rec["lines"] = report(replay_checks(rec))["lines"]
-    return rec
+    return mask({"version": RECORD_VERSION, "params": kept, "node": _raw(node), "container": _raw(ct),
+                 "before": before, "after": after}, list(secrets))
+
+
+def judged(node, ct, before=None, after=None, secrets=(), **params):
+    """The report judged from the masked answers (``answers``) -> (report, record): the record is the answers
+    with the lines judged, for ``doctor --record``; the judge runs once for both."""
+    rec = answers(node, ct, before, after, secrets, **params)
+    out = replay(rec)
+    return out, dict(rec, lines=out["lines"])
+
+
+def record(node, ct, before=None, after=None, secrets=(), **params):
+    """What the doctor was answered, for ``replay``: ``answers`` with the lines judged from them."""
+    return judged(node, ct, before, after, secrets, **params)[1]
 
 
 def replay_checks(rec):
