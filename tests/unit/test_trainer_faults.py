@@ -138,7 +138,9 @@ def test_progress_interval(start):
     trainer.wait_steps(1)
     began = time.monotonic()
     trainer.wait_steps(4)
-    assert 0.45 <= time.monotonic() - began <= 1.5
+    # three intervals of 0.2 s: never sooner, and sooner than three of the default 1 s (a busy machine
+    # only delays the steps, so the upper bound is the default's, not a speed)
+    assert 0.45 <= time.monotonic() - began < 3.0
 
 
 def test_import_error(start):
