@@ -300,7 +300,8 @@ HELP = {
     "history": "read-only: the last releases with their measured tok/s and verdicts",
     "logs": "read-only: this start's last log lines (-f follows them, --explain replays them through the proof)",
     "doctor": "read-only, seconds: check every assumption about the node and the container (ssh, sudo, pct, the "
-              "container running and unlocked, systemd, python3, nvidia-smi, device nodes, free space, clock), "
+              "container running, unlocked and not frozen, systemd, python3, nvidia-smi, its GPUs paired with the "
+              "node's by UUID, device nodes, free space, clock), "
               "one line each with its remedy (playbooks/doctor.yml)",
     "check-log": "offline: replay a captured log through the readiness proof's log judge",
 }

@@ -59,6 +59,13 @@ DEFAULTS = {
     # nvidia-smi's exit status (nvidia-smi(1) RETURN VALUE), null: 0. 14 (infoROM corrupted) prints
     # the normal output and exits 14 (a warning); any other code prints that failure's text instead.
     "exit_code": None,
+    # The node's GPUs this container was given, by the node's slot, in the container's order
+    # ([5, 3]: its GPU 0 is the node's GPU 5, its GPU 1 the node's GPU 3); null: the node's, as
+    # numbered there. As on a real node, the container numbers what it sees 0..k-1, and a GPU's
+    # UUID and bus id are the node's slot's: the UUID is the only identity both sides share.
+    "node_slots": None,
+    # how many GPUs the node has when a container was given some of them (node_slots)
+    "node_count": 8,
 }
 PASSTHROUGH_MODES = (None, "empty", "host_pids")
 # host PID shown for a holder under "host_pids": beyond any PID of the container (its pid_max
@@ -135,6 +142,7 @@ def load_config(path=None):
     cfg.update(data)
     cfg["count"] = int(cfg["count"])
     cfg["memory_mib"] = int(cfg["memory_mib"])
+    cfg["node_count"] = int(cfg["node_count"])
     cfg["errors"] = {str(k): str(v) for k, v in (cfg.get("errors") or {}).items()}
     cfg["foreign_mib"] = {str(k): int(v) for k, v in (cfg.get("foreign_mib") or {}).items() if int(v) > 0}
     if cfg["passthrough"] in (False, "off", ""):
@@ -143,6 +151,13 @@ def load_config(path=None):
         cfg["exit_code"] = None
     if cfg["exit_code"] is not None and cfg["exit_code"] not in EXIT_CODES:
         raise ValueError("%s: exit_code must be null or one of %s, not %r" % (path, EXIT_CODES, cfg["exit_code"]))
+    slots = cfg.get("node_slots")
+    if slots is not None:
+        if not isinstance(slots, list) or not slots or len(set(slots)) != len(slots) \
+                or not all(isinstance(x, int) and 0 <= x < int(cfg["node_count"]) for x in slots):
+            raise ValueError("%s: node_slots must be null or distinct slots below node_count %s, not %r"
+                             % (path, cfg["node_count"], slots))
+        cfg["count"] = len(slots)
     if cfg["passthrough"] not in PASSTHROUGH_MODES:
         raise ValueError("%s: passthrough must be null, \"empty\" or \"host_pids\", not %r"
                          % (path, cfg["passthrough"]))
@@ -420,6 +435,12 @@ def snapshot():
     return _gpu_rows(cfg, holdings, foreign=cfg["foreign_mib"], errors=cfg["errors"])
 
 
+def node_slot(cfg, index):
+    """The node's slot of the container's GPU ``index`` (node_slots)."""
+    slots = cfg.get("node_slots")
+    return slots[index] if slots else index
+
+
 def _gpu_rows(cfg, holdings, foreign=None, errors=None):
     """Per-GPU rows of ``cfg``'s GPUs from ``holdings`` [(record, pid of its live holder or None
     (memory of a dead holder, no process), the holder's name)], ``foreign`` {"index": MiB} of
@@ -436,9 +457,9 @@ def _gpu_rows(cfg, holdings, foreign=None, errors=None):
         extra = foreign.get(str(index), 0)
         gpus.append({
             "index": index,
-            "uuid": gpu_uuid(index, cfg["uuid_seed"]),
+            "uuid": gpu_uuid(node_slot(cfg, index), cfg["uuid_seed"]),
             "name": cfg["name"],
-            "pci_bus_id": pci_bus_id(index),
+            "pci_bus_id": pci_bus_id(node_slot(cfg, index)),
             "used_mib": sum(int(rec["mib"]) for rec, _pid, _name in mine) + extra,
             "total_mib": cfg["memory_mib"],
             "util_pct": (100 - index % 4) if procs or extra > 0 else 0,
@@ -535,10 +556,15 @@ def node_view(tenants, now=None):
     ``tenants``: [(state dir, init pid)]; no tenant: no GPU."""
     if not tenants:
         return []
-    cfg = load_config(os.path.join(tenants[0][0], "config.json"))
-    holdings = [(rec, pid, argv0_name(pid) if pid is not None else None)
-                for state, init_pid in tenants for rec, pid in tenant_holdings(state, init_pid, now)]
-    return _gpu_rows(cfg, holdings)
+    cfgs = [load_config(os.path.join(state, "config.json")) for state, _pid in tenants]
+    # the node's GPUs: every slot a tenant was given (node_slots), else as many as the tenant sees
+    count = max(c["node_count"] if c.get("node_slots") else c["count"] for c in cfgs)
+    node = dict(cfgs[0], node_slots=None, count=count)
+    holdings = [(dict(rec, gpu=node_slot(cfg, rec["gpu"])), pid, argv0_name(pid) if pid is not None else None)
+                for (state, init_pid), cfg in zip(tenants, cfgs)
+                for rec, pid in tenant_holdings(state, init_pid, now)
+                if rec["gpu"] < cfg["count"]]
+    return _gpu_rows(node, holdings)
 
 
 def lab_tenants(path=NODE_TENANTS_FILE):
@@ -888,6 +914,16 @@ def smi_main(argv=None):
 # ---------------------------------------------------------------------------------------------
 # CLI
 
+def _slots_arg(text):
+    """--node-slots: "5,3" -> [5, 3]; "off" -> [] (no slots)."""
+    if text == "off":
+        return []
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("slots are whole numbers, comma-separated, or off: %r" % text)
+
+
 def _gpu_list(text):
     return [int(p) for p in str(text).split(",") if p.strip()]
 
@@ -943,6 +979,9 @@ def main(argv=None):
     p_cfg.add_argument("--memory-mib", type=int)
     p_cfg.add_argument("--name")
     p_cfg.add_argument("--uuid-seed")
+    p_cfg.add_argument("--node-slots", type=_slots_arg, metavar="SLOT,SLOT...|off",
+                       help="the node's GPUs this container was given, in its order (5,3: its GPU 0 is the node's "
+                            "GPU 5); off: the node's, as numbered there")
     p_cfg.add_argument("--release-delay", type=_delay, default=argparse.SUPPRESS,
                        help="seconds, or 'never' / negative for a stuck context")
     p_cfg.add_argument("--error", action="append", default=[], metavar="INDEX=TEXT",
@@ -995,6 +1034,8 @@ def main(argv=None):
             index, text = item.split("=", 1) if "=" in item else (item, "")
             errors[str(int(index))] = text
         changes["errors"] = errors
+    if args.node_slots is not None:
+        changes["node_slots"] = args.node_slots or None
     if args.passthrough:
         changes["passthrough"] = None if args.passthrough == "off" else args.passthrough.replace("-", "_")
     if args.exit_code:

@@ -157,6 +157,7 @@ def attribute(gpus, owners, vmid, unit, names=None):
         listed = sum(sums.values())
         out.append({
             "index": gpu["index"],
+            "uuid": gpu.get("uuid"),
             "used_mib": used,
             "total_mib": gpu.get("memory_total_mib"),
             "holders": holders,
@@ -166,6 +167,40 @@ def attribute(gpus, owners, vmid, unit, names=None):
             "unlisted_mib": max(0, (used or 0) - listed),
         })
     return out
+
+
+def in_container(attribution, container_gpus):
+    """The node's GPUs numbered as the container numbers them, paired by UUID - the one identity both
+    sides share: a container given some of the node's GPUs numbers them 0..k-1, the node by slot.
+
+    ``container_gpus``: [{index, uuid}] as nvidia-smi in the container lists them. Returns
+    (the paired GPUs, each entry a copy with ``index`` the container's and ``slot`` the node's, in the
+    container's order; the container's GPUs the node does not list, as "GPU 0 (GPU-...)" words)."""
+    by_uuid = {a.get("uuid"): a for a in attribution if a.get("uuid")}
+    paired, unpaired = [], []
+    for gpu in sorted(container_gpus, key=lambda g: g["index"]):
+        node = by_uuid.get(gpu.get("uuid"))
+        if node is None:
+            unpaired.append("GPU %d (%s)" % (gpu["index"], gpu.get("uuid") or "no UUID"))
+        else:
+            paired.append(dict(node, index=gpu["index"], slot=node["index"]))
+    return paired, unpaired
+
+
+def unpaired_problem(unpaired):
+    """Why the node view cannot judge the container's GPUs ``unpaired`` (in_container's words); None when none."""
+    if not unpaired:
+        return None
+    return ("the node's nvidia-smi does not list the container's %s: the node view pairs GPUs by UUID (is "
+            "trainer_node_nvidia_smi the node's, and the container on this node?)" % ", ".join(unpaired))
+
+
+def label(a):
+    """"GPU 0", or "GPU 0 (the node's GPU 5)" when the node numbers it otherwise."""
+    slot = a.get("slot")
+    if slot is None or slot == a["index"]:
+        return "GPU %d" % a["index"]
+    return "GPU %d (the node's GPU %d)" % (a["index"], slot)
 
 
 def _select(attribution, indexes):
@@ -190,7 +225,7 @@ def lines(attribution, indexes=None):
                  for i, h in enumerate(sorted(a["holders"], key=lambda h: (h["kind"] != "trainer", -h["mib"])))]
         if a["unlisted_mib"]:
             parts.append("%d MiB by no process nvidia-smi lists" % a["unlisted_mib"])
-        out.append("GPU %d: %s" % (a["index"], "; ".join(parts) if parts else "0 MiB, no holder"))
+        out.append("%s: %s" % (label(a), "; ".join(parts) if parts else "0 MiB, no holder"))
     return out
 
 
@@ -205,7 +240,7 @@ def preflight_problem(attribution, indexes, max_mib):
     for a in held:
         for h in a["holders"]:
             if h["kind"] == "same_ct":
-                words.append("GPU %d: %d MiB held by %s" % (a["index"], h["mib"], who(h)))
+                words.append("%s: %d MiB held by %s" % (label(a), h["mib"], who(h)))
     return ("memory on the trainer's GPUs that is not the trainer's, in its own container: %s; the drain gate "
             "would fail after the stop" % "; ".join(words))
 
@@ -217,6 +252,6 @@ def proof_problem(attribution, indexes, min_mib):
     missing = set(indexes or []) - {a["index"] for a in attribution}
     if not short and not missing:
         return None
-    words = ["GPU %d: the trainer holds %d MiB" % (a["index"], a["trainer_mib"]) for a in short]
+    words = ["%s: the trainer holds %d MiB" % (label(a), a["trainer_mib"]) for a in short]
     words += ["GPU %d: not on the node" % i for i in sorted(missing)]
     return "the node's nvidia-smi contradicts the proof (below %d MiB): %s" % (min_mib, "; ".join(words))

@@ -274,6 +274,10 @@ def way_problem(path):
     """Why a file read as proof at ``path`` (absolute) could be swapped or redirected by another user, or
     None: every directory a lookup of it goes through - as written (``way_of``) and resolved - and every
     link it follows must be root's, the directories writable by root alone."""
+    return idmap_words(_way_problem(path))
+
+
+def _way_problem(path):
     way = way_of(path)
     links = links_of(way)
     for component, uid, mode in way + [c for c in _ancestors(os.path.realpath(path)) if c not in way]:
@@ -753,9 +757,28 @@ def missing_dir_problem(kind, facts):
            "trainer_metrics_path empty" % directory
 
 
+# The kernel's overflow uid: what an unprivileged container shows as the owner of a file whose owner on the node
+# its id map does not cover (a bind mount of the node's that is not id-mapped) - nobody inside can own such a file.
+OVERFLOW_UID = 65534
+IDMAP_WORDS = ("; uid 65534 is nobody: in an unprivileged container, the owner shown for a file whose owner on the "
+               "node the container's id map does not cover (a bind mount that is not id-mapped) - chown it on the node "
+               "to the container's root (uid 100000 with Proxmox's default map), or mount it id-mapped")
+
+
+def idmap_words(why):
+    """``why``, with what uid 65534 means said once when it names that owner (None stays None)."""
+    if why and re.search(r"\buid %d\b" % OVERFLOW_UID, why) and IDMAP_WORDS not in why:
+        return why + IDMAP_WORDS
+    return why
+
+
 def judge(variable, kind, facts):
     """Why the collection may not write (or delete, or run) what ``facts`` describes for
-    ``variable``, or None."""
+    ``variable``, or None (an owner of uid 65534 explained as an id map's: ``idmap_words``)."""
+    return idmap_words(_judge(variable, kind, facts))
+
+
+def _judge(variable, kind, facts):
     if kind == PROGRAM:
         return program_problem(facts)
     if kind == SEARCH:

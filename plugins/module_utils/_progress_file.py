@@ -34,7 +34,7 @@ import hashlib
 import os
 import stat
 
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import way_problem
+from ansible_collections.dflash.trainer.plugins.module_utils._ownership import idmap_words, way_problem
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LINE_END, is_reason_line
 
 FINGERPRINT_BYTES = 4096
@@ -51,8 +51,8 @@ def trust_problem(path, st, parent_st=None):
     if not stat.S_ISREG(st.st_mode):
         return "the progress file %s is not a regular file" % path
     if st.st_uid != 0:
-        return ("the progress file %s is owned by uid %d: only a file root owns can prove progress (the unit runs "
-                "the trainer as root)" % (path, st.st_uid))
+        return idmap_words("the progress file %s is owned by uid %d: only a file root owns can prove progress (the "
+                           "unit runs the trainer as root)" % (path, st.st_uid))
     if st.st_mode & 0o022:
         return ("the progress file %s (mode %04o) may be written by other users than root: they could claim "
                 "progress for the trainer" % (path, stat.S_IMODE(st.st_mode)))

@@ -35,7 +35,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._wait import done, 
 RELEASE_VAR = "DFLASH_RELEASE"
 
 # what the status reports of each GPU (gpus): enough to check trainer_gpus and the minimum
-GPU_KEYS = ("index", "name", "memory_used_mib", "memory_total_mib")
+GPU_KEYS = ("index", "uuid", "name", "memory_used_mib", "memory_total_mib")
 
 # Status wants the latest progress line: the marker and this much of the end of this start (the
 # window grows sixteenfold while it holds none). Every line read is judged, ≈ 0.1 ms each on the

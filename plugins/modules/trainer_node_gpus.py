@@ -47,9 +47,23 @@ options:
     type: str
     required: true
   gpus:
-    description: The trainer's GPUs (default every GPU the node reports).
+    description:
+      - The trainer's GPUs, by the container's index (default every GPU of O(container_gpus), else every GPU
+        the node reports).
     type: list
     elements: int
+  container_gpus:
+    description:
+      - The GPUs as nvidia-smi in the container lists them (C(index) and C(uuid) of each; the first read's
+        C(gpus)). The node's GPUs are paired with them by UUID and numbered by the container's index, since a
+        container given some of the node's GPUs numbers them 0..k-1 while the node numbers them by slot.
+        Lines name both (C(GPU 0 (the node's GPU 5))).
+      - A container GPU the node does not list fails O(check=preflight) and O(check=proof), and is a warning
+        otherwise.
+      - Empty, the node's own numbering is taken for the container's.
+    type: list
+    elements: dict
+    default: []
   check:
     description:
       - V(preflight) fails when a process of the trainer's container other than the trainer holds
@@ -88,21 +102,23 @@ EXAMPLES = r"""
 
 RETURN = r"""
 gpus:
-  description: Per GPU, its memory split by holder (see the description).
+  description: >-
+    Per GPU, its memory split by holder (see the description); with O(container_gpus), the container's GPUs
+    only, C(index) the container's and C(slot) the node's.
   returned: success
   type: list
   elements: dict
-  sample: [{"index": 5, "used_mib": 50000, "trainer_mib": 30000, "same_ct_mib": 0, "foreign_mib": 20000,
-            "unlisted_mib": 0, "holders": [{"pid": 81234, "name": "python3", "mib": 30000, "vmid": 200,
+  sample: [{"index": 0, "slot": 5, "uuid": "GPU-3c1f...", "used_mib": 50000, "trainer_mib": 30000,
+            "same_ct_mib": 0, "foreign_mib": 20000, "unlisted_mib": 0, "holders": [{"pid": 81234, "name": "python3", "mib": 30000, "vmid": 200,
             "unit": "dflash-trainer.service", "kind": "trainer"}]}]
 foreign_mib:
-  description: Per trainer GPU index, the MiB other tenants hold (GPUs with none are left out).
+  description: Per trainer GPU (the container's index), the MiB other tenants hold (GPUs with none are left out).
   returned: success
   type: dict
   sample: {"7": 20000}
 lines:
   description: >-
-    One line per trainer GPU, e.g. C(GPU 5: 30000 MiB held by dflash-trainer in CT 200).
+    One line per trainer GPU, e.g. C(GPU 0 (the node's GPU 5): 30000 MiB held by dflash-trainer in CT 200).
   returned: success
   type: list
   elements: str
@@ -124,10 +140,12 @@ from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
     attribute,
     comm_name,
     foreign_by_gpu,
+    in_container,
     lines,
     owner,
     preflight_problem,
     proof_problem,
+    unpaired_problem,
 )
 
 
@@ -174,6 +192,7 @@ def main():
             vmid=dict(type="int", required=True),
             unit=dict(type="str", required=True),
             gpus=dict(type="list", elements="int"),
+            container_gpus=dict(type="list", elements="dict", default=[]),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             check=dict(type="str", default="none", choices=["none", "preflight", "proof"]),
             max_mib=dict(type="int", default=1024),
@@ -194,16 +213,22 @@ def main():
         module.warn("the node's nvidia-smi: " + warning)
     owners, names = read_owners(gpus)
     split = attribute(gpus, owners, p["vmid"], p["unit"], names)
+    unpaired = []
+    if p["container_gpus"]:
+        split, unpaired = in_container(split, p["container_gpus"])
     indexes = p["gpus"] if p["gpus"] else [a["index"] for a in split]
     result = dict(changed=False, gpus=split, foreign_mib={str(k): v for k, v in foreign_by_gpu(split, indexes).items()},
                   lines=lines(split, indexes))
-    problem = None
+    problem = unpaired_problem(unpaired)
+    if problem and p["check"] == "none":
+        module.warn(problem)
+        problem = None
     if p["check"] == "preflight":
-        problem = preflight_problem(split, indexes, p["max_mib"])
+        problem = problem or preflight_problem(split, indexes, p["max_mib"])
         if problem:
             problem = "pre-flight refused the release (the running trainer is untouched): " + problem
     elif p["check"] == "proof":
-        problem = proof_problem(split, indexes, p["min_mib"])
+        problem = problem or proof_problem(split, indexes, p["min_mib"])
     if problem:
         module.fail_json(msg=problem, **result)
     module.exit_json(**result)

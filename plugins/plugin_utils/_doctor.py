@@ -35,20 +35,38 @@ SECTION_RC = "@@dflash-doctor-rc "
 _FUNC = ("s() { n=$1; shift; printf '%s%%s\\n' \"$n\"; \"$@\" </dev/null 2>&1; r=$?; "
          "printf '\\n%s%%s %%s\\n' \"$n\" \"$r\"; }; " % (SECTION, SECTION_RC))
 _SYSTEMD_OK = ("running", "degraded")
+# every check, in the order judge returns them
+NAMES = ("ssh", "privilege", "pct", "container", "lock", "cgroup", "pct exec", "systemd", "python", "nvidia-smi",
+         "GPU pairing", "device nodes", "free space", "clock")
 
 
 def _q(*argv):
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def node_script(vmid, pct_path="/usr/sbin/pct", sudo=False):
+# the container's cgroup on the node, as Proxmox VE writes it (lxc.cgroup.dir.container lxc/<vmid>, .inner ns)
+# and as plain LXC does (lxc.payload.<vmid>); each one found, in the unified hierarchy (cgroup v2, or a hybrid
+# host's /sys/fs/cgroup/unified) and the v1 freezer's: its path, then its cgroup.events or its freezer.state -
+# files every user may read (no sudo). "frozen 1" or FROZEN: the container is frozen (a suspend-mode backup,
+# lxc-freeze) and pct exec would hang in it.
+_CGROUP = ('for p in lxc/"$1" lxc/"$1"/ns lxc.payload."$1"; do '
+           'for d in /sys/fs/cgroup/"$p" /sys/fs/cgroup/unified/"$p"; do '
+           '[ -r "$d/cgroup.events" ] && { echo "cgroup $d"; cat "$d/cgroup.events"; }; done; '
+           'f=/sys/fs/cgroup/freezer/"$p"; '
+           '[ -r "$f/freezer.state" ] && { echo "cgroup $f"; echo "freezer.state $(cat "$f/freezer.state")"; }; '
+           'done; true')
+_FROZEN_ROWS = ("frozen 1", "freezer.state FROZEN", "freezer.state FREEZING")
+
+
+def node_script(vmid, pct_path="/usr/sbin/pct", sudo=False, node_nvidia_smi="nvidia-smi"):
     """The shell script run on the node (as the ssh user, no sudo of ours but pct's)."""
     pct = ["sudo", "-n", pct_path] if sudo else [pct_path]
     parts = [_FUNC, "s id sh -c 'id -u; id -un'; ", "s pct test -x %s; " % _q(pct_path)]
     if sudo:
         parts.append("s sudo sudo -n -l %s; " % _q(pct_path))
     parts += ["s version pveversion; ", "s status %s; " % _q(*pct + ["status", vmid]),
-              "s list %s; " % _q(*pct + ["list"]), "true"]
+              "s list %s; " % _q(*pct + ["list"]), "s cgroup sh -c %s sh %s; " % (_q(_CGROUP), _q(vmid)),
+              "s nodesmi %s; " % _q(*_nvidia_smi.list_argv(node_nvidia_smi)), "true"]
     return "".join(parts)
 
 
@@ -188,6 +206,65 @@ def judge_container(sec, vmid, host):
     return running, lock
 
 
+def judge_cgroup(sec, vmid):
+    """The container's cgroup on the node: found where the node view looks for it (Proxmox's lxc/<vmid>/ns,
+    plain LXC's lxc.payload.<vmid>), and not frozen."""
+    rc, text = sec.get("cgroup", (None, ""))
+    found, frozen = _cgroups(text)
+    if rc is None:
+        return check("cgroup", UNKNOWN, "not read")
+    if frozen:
+        return check("cgroup", BAD, "container %s is frozen (%s): pct exec would hang in it, a trainer "
+                     "in it stands still" % (vmid, frozen[0]),
+                     "a suspend-mode backup (vzdump --mode suspend) thaws it when it ends; if nothing is backing "
+                     "it up, `lxc-unfreeze -n %s` on the node" % vmid)
+    if not found:
+        return check("cgroup", UNKNOWN, "no cgroup of container %s under /sys/fs/cgroup/lxc/%s or "
+                     "/sys/fs/cgroup/lxc.payload.%s: the node view (trainer_gpu_host_view) would attribute none of "
+                     "its processes" % (vmid, vmid, vmid))
+    shown = [d for d in found if "/freezer/" not in d] or found  # the unified hierarchy's, deepest last
+    layout = "Proxmox VE's" if "/lxc/%s" % vmid in shown[-1] else "LXC's"
+    return check("cgroup", OK, "%s, %s layout, as the node view reads it; not frozen" % (shown[-1], layout))
+
+
+def judge_gpu_pairing(csec, nsec, node_nvidia_smi="nvidia-smi"):
+    """The container's GPUs paired with the node's by UUID: the container numbers the GPUs it was given 0..k-1,
+    the node by slot, and the node view (trainer_gpu_host_view) judges the node's GPU of each UUID."""
+    crc, ctext = csec.get("smi", (None, ""))
+    nrc, ntext = nsec.get("nodesmi", (None, ""))
+    if crc != 0 and not _nvidia_smi.warning_message(crc, ctext):
+        return check("GPU pairing", UNKNOWN, "not paired: nvidia-smi in the container did not list its GPUs")
+    if nrc == 127:
+        return check("GPU pairing", UNKNOWN, "not paired: no %s on the node (the node view needs it: "
+                     "trainer_node_nvidia_smi)" % node_nvidia_smi)
+    if nrc != 0 and not _nvidia_smi.warning_message(nrc, ntext):
+        return check("GPU pairing", UNKNOWN, "not paired: the node's %s answered exit %s: %s" % (
+            node_nvidia_smi, nrc, _first_line(ntext)))
+    try:
+        mine = _nvidia_smi.parse_list(_gpu_lines(ctext))
+        node = {g["uuid"]: g["index"] for g in _nvidia_smi.parse_list(_gpu_lines(ntext))}
+    except _nvidia_smi.NvidiaSmiError as exc:
+        return check("GPU pairing", UNKNOWN, "not paired: %s" % exc)
+    if not mine or not node:
+        return check("GPU pairing", UNKNOWN, "not paired: %s lists no GPU" % (
+            "the container" if not mine else "the node's %s" % node_nvidia_smi))
+    missing = [g for g in mine if g["uuid"] not in node]
+    if missing:
+        return check("GPU pairing", BAD, "the node does not list the container's %s" % ", ".join(
+            "GPU %d (%s)" % (g["index"], g["uuid"]) for g in missing),
+            "the container's GPUs are not this node's as its nvidia-smi lists them: check trainer_node_nvidia_smi "
+            "and the container's GPU device entries in /etc/pve/lxc/<vmid>.conf")
+    if all(node[g["uuid"]] == g["index"] for g in mine):
+        return check("GPU pairing", OK, "the container's %d GPU(s) are the node's, numbered alike" % len(mine))
+    return check("GPU pairing", OK, "by UUID: %s" % ", ".join(
+        "GPU %d is the node's GPU %d" % (g["index"], node[g["uuid"]]) for g in mine))
+
+
+def _gpu_lines(text):
+    """The ``GPU n: ... (UUID: ...)`` and MIG lines of an nvidia-smi -L answer (a warning may come with them)."""
+    return "\n".join(row for row in (text or "").splitlines() if re.match(r"^\s*(GPU|MIG) ", row))
+
+
 def judge_exec(ct, vmid):
     if ct.get("unreachable") or (ct.get("failed") and "stdout" not in ct):
         msg = re.sub(r"^Task failed: ", "", " ".join(str(ct.get("msg") or "unreachable").split()))
@@ -291,28 +368,50 @@ def judge_clock(sec, before, after, max_skew_s=MAX_SKEW_S):
 
 def judge(node, ct, before=None, after=None, vmid="", host="", user="", pct_path="/usr/sbin/pct", sudo=False,
           python="/usr/bin/python3", nvidia_smi="nvidia-smi", trainer_root="/opt/dflash-trainer",
-          min_free_mib=MIN_FREE_MIB, max_skew_s=MAX_SKEW_S):
+          node_nvidia_smi="nvidia-smi", min_free_mib=MIN_FREE_MIB, max_skew_s=MAX_SKEW_S):
     """Every check, in order (see the module's docstring)."""
     node, ct = node or {}, ct or {}
     ssh = judge_ssh(node, host, user)
-    names = ("privilege", "pct", "container", "lock", "pct exec", "systemd", "python", "nvidia-smi",
-             "device nodes", "free space", "clock")
     if ssh["mark"] == BAD:
-        return [ssh] + [check(n, UNKNOWN, "not checked: the node was not reached") for n in names]
+        return [ssh] + [check(n, UNKNOWN, "not checked: the node was not reached") for n in NAMES[1:]]
     nsec = sections(node.get("stdout"))
     checks = [ssh, judge_privilege(nsec, user, sudo, pct_path), judge_pct(nsec, pct_path)]
     running, lock = judge_container(nsec, vmid, host)
-    checks += [running, lock]
-    if running["mark"] != OK:  # a lock alone leaves pct exec working: the checks inside go on
-        return checks + [check(n, UNKNOWN, "not checked: the container is not reachable as it is")
-                         for n in names[4:]]
+    cgroup = judge_cgroup(nsec, vmid) if running["mark"] == OK else check(
+        "cgroup", UNKNOWN, "not checked: the container is not reachable as it is")
+    checks += [running, lock, cgroup]
+    if running["mark"] != OK or cgroup["mark"] == BAD:  # a lock alone leaves pct exec working: the checks go on
+        why = "frozen" if cgroup["mark"] == BAD else "not reachable as it is"
+        return checks + [check(n, UNKNOWN, "not checked: the container is %s" % why) for n in NAMES[len(checks):]]
     exec_check = judge_exec(ct, vmid)
     if exec_check["mark"] == BAD:
-        return checks + [exec_check] + [check(n, UNKNOWN, "not checked: pct exec failed") for n in names[5:]]
+        return checks + [exec_check] + [check(n, UNKNOWN, "not checked: pct exec failed")
+                                        for n in NAMES[len(checks) + 1:]]
     csec = sections(ct.get("stdout"))
     return checks + [exec_check, judge_systemd(csec), judge_python(csec, python), judge_nvidia_smi(csec, nvidia_smi),
-                     judge_device_nodes(csec), judge_free_space(csec, trainer_root, min_free_mib),
-                     judge_clock(csec, before, after, max_skew_s)]
+                     judge_gpu_pairing(csec, nsec, node_nvidia_smi), judge_device_nodes(csec),
+                     judge_free_space(csec, trainer_root, min_free_mib), judge_clock(csec, before, after, max_skew_s)]
+
+
+def enter(node):
+    """Whether the container is asked at all (its pct exec): not when the node was not reached, nor when the
+    container is frozen - pct exec would hang in it until the connection's timeout."""
+    node = node or {}
+    if node.get("unreachable"):
+        return False
+    return not _cgroups(sections(node.get("stdout")).get("cgroup", (None, ""))[1])[1]
+
+
+def _cgroups(text):
+    """([the container's cgroups found], [those frozen]) from the node's cgroup section."""
+    found, frozen, current = [], [], None
+    for row in (text or "").splitlines():
+        if row.startswith("cgroup "):
+            current = row[len("cgroup "):]
+            found.append(current)
+        elif current and row.strip() in _FROZEN_ROWS:
+            frozen.append("%s: %s" % (current, row.strip()))
+    return found, frozen
 
 
 def exit_code(checks):
@@ -339,7 +438,7 @@ def report(checks):
 
 # what judge reads of a raw result, and its parameters: all a record keeps
 RAW_FIELDS = ("rc", "stdout", "stderr", "unreachable", "failed", "msg")
-JUDGE_PARAMS = ("vmid", "host", "user", "pct_path", "sudo", "python", "nvidia_smi", "trainer_root")
+JUDGE_PARAMS = ("vmid", "host", "user", "pct_path", "sudo", "python", "nvidia_smi", "trainer_root", "node_nvidia_smi")
 RECORD_VERSION = 1
 
 

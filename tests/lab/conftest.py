@@ -86,6 +86,7 @@ OWN_CONTAINERS = frozenset((
     "test_environment_lab.py",
     "test_experiment_history_lab.py",
     "test_field_formats_lab.py",
+    "test_gpu_pairing_lab.py",
     "test_group_hold_lab.py",
     "test_group_lock_lab.py",
     "test_group_lab.py",
@@ -127,6 +128,30 @@ def _lab_shared_state(request):
     with open(os.path.join(LAB_STATE, "tests-shared.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, at the module's end
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stray_plays(tmp_path_factory):
+    """A test that kills a play (the controller killed mid-restart) kills its process group; Ansible's task
+    workers leave that group (each makes a session of its own), and one that was writing its result then blocks
+    for ever on the queue its dead parent no longer reads. At the end of this process's tests, every play still
+    running whose command line names this process's temporary directory (the tests' inventories live there) is
+    such a stray: killed, so that a run leaves no process behind."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                argv = fh.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if any(os.path.basename(a) == "ansible-playbook" for a in argv[:2]) and any(base in a for a in argv):
+            try:
+                os.kill(int(pid), 9)
+            except OSError:
+                pass
 
 
 UP_RECORD = "DFLASH_LAB_UP_RECORD"

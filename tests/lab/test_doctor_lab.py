@@ -1,14 +1,21 @@
 """`dflash-trainer doctor` and playbooks/doctor.yml against the lab (container 490; 499 never exists): every line
 ✓ and exit 0 on a healthy fresh container; each fault the lab can inject named on one ✗ line with its remedy
-and a non-zero exit - the container stopped, a Proxmox lock, /dev/nvidia-uvm missing, nvidia-smi exiting 9, no
-such container, the node unreachable (exit 3). Read-only: the container is as it was after each run.
+and a non-zero exit - the container stopped, a Proxmox lock, the container frozen, /dev/nvidia-uvm missing,
+nvidia-smi exiting 9, GPUs the node does not list, no such container, the node unreachable (exit 3); GPUs the
+container numbers otherwise than the node paired by UUID. Read-only: the container is as it was after each run.
+
+The node's nvidia-smi is the lab's, told by a list of this test's own that 490's GPUs are the node's
+(FAKEGPU_NODE_TENANTS_FILE: `lab.py node-gpus`, which other tests set, is left alone).
 
 The node's pct is the checkout's lab/pct (the program lab.py installs as /usr/sbin/pct, through pct_path), so a
 lab suite running from another checkout, which reinstalls its own copy, cannot change what these test."""
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -18,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LAB_PY = [sys.executable, os.path.join(ROOT, "lab", "lab.py")]
 PCT = os.path.join(ROOT, "lab", "pct")
 CT, MISSING = "490", "499"
-NAMES = ["ssh", "privilege", "pct", "container", "lock", "pct exec", "systemd", "python", "nvidia-smi",
-         "device nodes", "free space", "clock"]
+NAMES = ["ssh", "privilege", "pct", "container", "lock", "cgroup", "pct exec", "systemd", "python", "nvidia-smi",
+         "GPU pairing", "device nodes", "free space", "clock"]
+NODE_SMI = "/usr/local/lib/dflash-lab/nvidia-smi-node"  # lab/node.py installs it (lab.py up)
 
 
 def lab_py(*args):
@@ -27,13 +35,30 @@ def lab_py(*args):
 
 
 @pytest.fixture(scope="module")
-def inv(lab, tmp_path_factory):
+def node_smi():
+    """The node's nvidia-smi, 490's GPUs its own; and one of another node (its GPUs none of 490's)."""
+    base = pathlib.Path(tempfile.mkdtemp(prefix="dflash-doctor-", dir=os.path.expanduser("~")))
+    (base / "tenants").write_text("%s\n" % CT)
+    ours, other = base / "nvidia-smi", base / "nvidia-smi-other-node"
+    ours.write_text("#!/bin/sh\nFAKEGPU_NODE_TENANTS_FILE=%s exec %s \"$@\"\n" % (base / "tenants", NODE_SMI))
+    other.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-4000-8000-000000000000)'\n")
+    ours.chmod(0o755)
+    other.chmod(0o755)
+    yield {"ours": str(ours), "other": str(other)}
+    shutil.rmtree(str(base))
+
+
+@pytest.fixture(scope="module")
+def inv(lab, node_smi, tmp_path_factory):
     lab_py("up", "--fresh", "--ids", CT)
     path = tmp_path_factory.mktemp("doctor") / "hosts.json"
-    path.write_text(json.dumps({"all": {"hosts": {"ct": {"proxmox_vmid": int(CT)}}, "vars": dict(lab.conn_vars(), ansible_pct_path=PCT)}}))
+    path.write_text(json.dumps({"all": {"hosts": {"ct": {"proxmox_vmid": int(CT)}}, "vars": dict(
+        lab.conn_vars(), ansible_pct_path=PCT, trainer_node_nvidia_smi=node_smi["ours"])}}))
     yield str(path)
     lab_py("lock", "off", "--ids", CT)
     lab_py("dev-nodes", "--ids", CT)
+    subprocess.run(["lxc-unfreeze", "-n", CT], check=False)
+    lab.ct(CT, "python3", "-m", "fakegpu", "config", "--node-slots", "off")
 
 
 def doctor(inv_path, *extra):
@@ -86,7 +111,7 @@ def test_the_playbook_says_the_same_for_users_without_the_cli(lab, inv):
     finally:
         lab_py("lock", "off", "--ids", CT)
     out = " ".join(res.stdout.split())
-    assert res.returncode != 0 and "doctor: 1 of 12 assumptions do not hold: ✗ lock" in out, out[-3000:]
+    assert res.returncode != 0 and "doctor: 1 of 14 assumptions do not hold: ✗ lock" in out, out[-3000:]
 
 
 def test_a_proxmox_lock_is_one_cross(lab, inv):
@@ -146,3 +171,37 @@ def test_a_stopped_container_is_one_cross(lab, inv):
     assert "container 490 is not running (status: stopped)" in checks["container"]
     assert "remedy: start it: `pct start 490` on the node" in res.stdout
     assert doctor(inv)[0].returncode == 0  # back, and nothing the doctor did is left behind
+
+
+def test_a_frozen_container_is_one_cross_and_is_not_entered(lab, inv):
+    """A suspend-mode backup freezes the container (lxc-freeze, as vzdump does): pct exec would hang in it, so the
+    doctor reads its cgroup on the node, says so, and asks nothing inside."""
+    subprocess.run(["lxc-freeze", "-n", CT], check=True)
+    try:
+        res, checks = doctor(inv)
+    finally:
+        subprocess.run(["lxc-unfreeze", "-n", CT], check=True)
+    assert res.returncode == 1 and list(crosses(checks)) == ["cgroup"], res.stdout
+    # the lab host's cgroup layout decides where the freeze shows: a v2 host's cgroup.events, a hybrid's v1 freezer
+    assert "container 490 is frozen (/sys/fs/cgroup/" in checks["cgroup"] and "lxc.payload.490" in checks["cgroup"]
+    assert "`lxc-unfreeze -n 490`" in res.stdout
+    assert "not checked: the container is frozen" in checks["clock"]
+    res, checks = doctor(inv)
+    assert res.returncode == 0 and "LXC's layout, as the node view reads it; not frozen" in checks["cgroup"], res.stdout
+
+
+def test_gpus_numbered_otherwise_in_the_container_are_paired_by_uuid(lab, inv, node_smi):
+    """490 given the node's GPUs 5 and 3 (fakegpu's node_slots): it numbers them 0 and 1; the node's own
+    nvidia-smi lists them at 5 and 3 - paired by UUID. A node whose GPUs are none of the container's: one cross."""
+    lab.ct(CT, "python3", "-m", "fakegpu", "config", "--node-slots", "5,3", check=True)
+    try:
+        res, checks = doctor(inv)
+        assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+        assert "by UUID: GPU 0 is the node's GPU 5, GPU 1 is the node's GPU 3" in checks["GPU pairing"], res.stdout
+        res, checks = doctor(inv, "-e", "trainer_node_nvidia_smi=%s" % node_smi["other"])
+    finally:
+        lab.ct(CT, "python3", "-m", "fakegpu", "config", "--node-slots", "off", check=True)
+    assert res.returncode == 1 and list(crosses(checks)) == ["GPU pairing"], res.stdout
+    assert "the node does not list the container's GPU 0 (GPU-" in checks["GPU pairing"]
+    res, checks = doctor(inv)
+    assert res.returncode == 0 and "the container's 8 GPU(s) are the node's, numbered alike" in checks["GPU pairing"]

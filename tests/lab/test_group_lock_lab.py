@@ -9,7 +9,9 @@ here longer than three lock leases after the other members' jobs proved them. Me
   it is always there, always the first deploy's (its token) and its lease never over;
 - a deploy with the default trainer_lock_wait_s 0 is refused and takes no member's lock;
 - a deploy queued behind it (trainer_lock_wait_s) changes nothing until the first ends - which ends proved on
-  its own release - then reads afresh and deploys its own release to every member, proved."""
+  its own release - then reads afresh and deploys its own release to every member, proved;
+- a controller killed during that wait strands no lock: the fast members' leases lapse (nothing renews them once
+  nobody reads the play's output), the slow member's job ends on its own, and the next run converges."""
 import json
 import os
 import shutil
@@ -245,3 +247,47 @@ def test_a_group_waiting_for_its_slowest_member_holds_every_lock_and_a_queued_de
         ledger = lab.ct(ct, "cat", "/opt/dflash-trainer/ledger.json").stdout
         proved_entries = [e for e in json.loads(ledger)["entries"] if e.get("verdict") == "proved"]
         assert proved_entries[-1]["release"] == seen[0][0], ledger[-2000:]
+
+
+def lapsed(lab, ct):
+    """The member's deploy lock is free or its lease over (a next run may take it)."""
+    rec = lock_record(lab, ct)
+    return rec is None or (isinstance(rec.get("expires"), (int, float)) and rec["expires"] < time.time())
+
+
+def test_a_controller_killed_while_the_group_waits_strands_no_lock_and_the_next_run_converges(lab, proved, inv, base):
+    """The fast members' locks are renewed by the play's modules while the group waits (group_hold); a killed
+    controller reads their output no more, so they stop renewing and each lease lapses - nothing is stranded. The
+    slow member's job goes on to its end on its own; the next run (trainer_lock_wait_s) takes every lock and ends
+    with every member on one release, proved."""
+    before = {ct: job(lab, ct).get("job_id") for ct in CTS}
+    hold_gpu(lab, CTS[2])  # g2's job waits in its drain until let go
+    log = str(base / "killed.out")
+    proc = started(inv, tree(base, "r6"), log)
+    try:
+        def fast_members_proved():
+            running(proc, log)
+            return all(job(lab, ct).get("job_id") not in (None, before[ct]) and job(lab, ct).get("done")
+                       and (job(lab, ct).get("result") or {}).get("ok") for ct in CTS[:2])
+
+        assert wait_for(fast_members_proved, timeout=900, interval=0.2), "g0 and g1 never proved"
+        assert job(lab, CTS[2]).get("phase") == "draining"
+        held = {ct: lock_record(lab, ct) for ct in CTS[:2]}
+        assert all(rec and not lapsed(lab, ct) for ct, rec in held.items()), held  # held while the group waits
+        os.killpg(proc.pid, 9)
+        proc.wait(timeout=60)
+        assert wait_for(lambda: all(lapsed(lab, ct) for ct in CTS[:2]), timeout=4 * LEASE_S, interval=0.5), \
+            {ct: lock_record(lab, ct) for ct in CTS[:2]}
+        assert job(lab, CTS[2]).get("phase") == "draining"  # the slow member's job goes on without the controller
+    finally:
+        let_go(lab, CTS[2])
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    res = play(inv, tree(base, "r6"), extra={"trainer_lock_wait_s": 600})
+    assert res.returncode == 0, res.out[-5000:]
+    # proved as one now (or found proved so, when the members' own proofs made r6 the last good everywhere)
+    assert "every member (g0, g1, g2) proved" in res.out or "left running: release" in res.out, res.out[-5000:]
+    seen = [running_version(lab, ct) for ct in CTS]
+    assert len({s[0] for s in seen}) == 1 and all(s[2] == "r6" for s in seen), seen
+    assert all(unit(lab, ct)["ActiveState"] == "active" for ct in CTS)

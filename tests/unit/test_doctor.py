@@ -19,7 +19,11 @@ def out(**sections):
 
 NODE = dict(id=(0, "0\nroot"), pct=(0, ""), version=(0, "pve-manager/8.2.4/faa83925c9641325 (running kernel: 6.8.8-2-pve)"),
             status=(0, "status: running"),
-            list=(0, "VMID       Status     Lock         Name\n490        running                 ct490"))
+            list=(0, "VMID       Status     Lock         Name\n490        running                 ct490"),
+            cgroup=(0, "cgroup /sys/fs/cgroup/lxc/490\npopulated 1\nfrozen 0\n"
+                       "cgroup /sys/fs/cgroup/lxc/490/ns\npopulated 1\nfrozen 0"),
+            nodesmi=(0, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)\n"
+                        "GPU 2: NVIDIA H100 80GB HBM3 (UUID: GPU-3)"))
 DEV = "\n".join(["nvidiactl chr", "nvidia-uvm chr", "nvidia-uvm-tools chr", "nvidia0 chr", "nvidia1 chr"])
 CT = dict(pid1=(0, "systemd"), systemd=(0, "running"), python=(0, ""),
           smi=(0, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)"),
@@ -41,10 +45,12 @@ def marks(rep):
 def test_a_healthy_node_and_container_hold_every_assumption():
     rep = judge()
     assert set(marks(rep).values()) == {"✓"} and rep["exit_code"] == 0 and not rep["failed"]
-    assert [c["name"] for c in rep["checks"]] == ["ssh", "privilege", "pct", "container", "lock", "pct exec", "systemd",
-                                                  "python", "nvidia-smi", "device nodes", "free space", "clock"]
+    assert [c["name"] for c in rep["checks"]] == ["ssh", "privilege", "pct", "container", "lock", "cgroup", "pct exec",
+                                                  "systemd", "python", "nvidia-smi", "GPU pairing", "device nodes",
+                                                  "free space", "clock"]
     assert "pve-manager/8.2.4" in rep["lines"][2]
-    assert "2 GPU(s)" in rep["lines"][8] and "51200 MiB free" in rep["lines"][10]
+    assert "/sys/fs/cgroup/lxc/490/ns, Proxmox VE's layout" in rep["lines"][5]
+    assert "2 GPU(s)" in rep["lines"][9] and "numbered alike" in rep["lines"][10] and "51200 MiB free" in rep["lines"][12]
 
 
 @pytest.mark.parametrize("msg,words", [
@@ -129,23 +135,70 @@ def test_each_fault_inside_the_container_is_one_cross_with_its_remedy(ct, name, 
     rep = judge(ct=ct)
     bad = [c for c in rep["checks"] if c["mark"] == "✗"]
     assert [c["name"] for c in bad] == [name] and words in bad[0]["detail"] and bad[0]["remedy"], bad
-    assert rep["exit_code"] == 1 and rep["summary"].startswith("1 of 12 assumptions do not hold: ✗ %s" % name)
+    assert rep["exit_code"] == 1 and rep["summary"].startswith("1 of 14 assumptions do not hold: ✗ %s" % name)
 
 
 def test_nvidia_smi_exit_14_with_output_is_a_warning_not_a_failure():
     rep = judge(ct=dict(smi=(14, CT["smi"][1])))
-    assert marks(rep)["nvidia-smi"] == "✓" and "infoROM" in rep["checks"][8]["detail"]
+    assert marks(rep)["nvidia-smi"] == "✓" and "infoROM" in rep["checks"][9]["detail"]
+    assert marks(rep)["GPU pairing"] == "✓"  # its GPUs listed with the warning
 
 
 def test_the_node_fault_remedy_of_exit_9_says_where():
     rep = judge(ct=dict(smi=(9, "NVIDIA-SMI has failed")))
-    assert "on the node" in rep["checks"][8]["remedy"]
+    assert "on the node" in rep["checks"][9]["remedy"]
 
 
 def test_a_pct_exec_failure_after_a_running_status_is_named():
     rep = judge(ct_res={"unreachable": True, "msg": "Task failed: command timed out after 30 s"})
-    assert marks(rep)["pct exec"] == "✗" and "command timed out" in rep["checks"][5]["detail"]
+    assert marks(rep)["pct exec"] == "✗" and "command timed out" in rep["checks"][6]["detail"]
     assert marks(rep)["systemd"] == "?"
+
+
+def test_a_frozen_container_is_one_cross_and_is_not_entered():
+    """A suspend-mode backup (or lxc-freeze) freezes the container: pct exec would hang in it until the connection's
+    timeout, so the doctor does not ask inside, and says why on one line."""
+    frozen = dict(cgroup=(0, "cgroup /sys/fs/cgroup/lxc/490\npopulated 1\nfrozen 1\n"
+                             "cgroup /sys/fs/cgroup/lxc/490/ns\npopulated 1\nfrozen 1"))
+    node_res = {"rc": 0, "stdout": out(**{**NODE, **frozen})}
+    assert _doctor.enter(node_res) is False and _doctor.enter({"rc": 0, "stdout": out(**NODE)}) is True
+    assert _doctor.enter({"unreachable": True, "msg": "x"}) is False
+    rep = judge(node=frozen, ct_res={"skipped": True})
+    bad = [c for c in rep["checks"] if c["mark"] == "✗"]
+    assert [c["name"] for c in bad] == ["cgroup"] and "container 490 is frozen" in bad[0]["detail"]
+    assert "lxc-unfreeze -n 490" in bad[0]["remedy"] and "suspend" in bad[0]["remedy"]
+    assert {c["detail"] for c in rep["checks"][6:]} == {"not checked: the container is frozen"}
+    # plain LXC's layout on a hybrid host (the lab's): the v1 freezer says it
+    hybrid = ("cgroup /sys/fs/cgroup/unified/lxc.payload.490\npopulated 1\nfrozen 0\n"
+              "cgroup /sys/fs/cgroup/freezer/lxc.payload.490\nfreezer.state %s")
+    rep = judge(node=dict(cgroup=(0, hybrid % "THAWED")))
+    assert marks(rep)["cgroup"] == "✓" and "/sys/fs/cgroup/unified/lxc.payload.490, LXC's layout" in rep["lines"][5]
+    for state in ("FROZEN", "FREEZING"):
+        rep = judge(node=dict(cgroup=(0, hybrid % state)), ct_res={"skipped": True})
+        assert marks(rep)["cgroup"] == "✗" and (
+            "frozen (/sys/fs/cgroup/freezer/lxc.payload.490: freezer.state %s)" % state) in rep["lines"][5]
+        assert _doctor.enter({"rc": 0, "stdout": out(**{**NODE, "cgroup": (0, hybrid % state)})}) is False
+    # no cgroup where the node view looks: not judged a fault, said
+    rep = judge(node=dict(cgroup=(0, "")))
+    assert marks(rep)["cgroup"] == "?" and "would attribute none of its processes" in rep["lines"][5]
+
+
+@pytest.mark.parametrize("nodesmi,mark,words", [
+    ((0, "GPU 0: H (UUID: GPU-9)\nGPU 3: H (UUID: GPU-2)\nGPU 5: H (UUID: GPU-1)"), "✓",
+     "by UUID: GPU 0 is the node's GPU 5, GPU 1 is the node's GPU 3"),
+    ((0, "GPU 0: H (UUID: GPU-1)\nGPU 1: H (UUID: GPU-7)"), "✗", "the node does not list the container's GPU 1 (GPU-2)"),
+    ((127, "sh: 1: nvidia-smi: not found"), "?", "no nvidia-smi on the node"),
+    ((6, "No devices were found"), "?", "answered exit 6: No devices were found"),
+    ((0, "garbage"), "?", "not paired"),
+])
+def test_the_gpus_are_paired_with_the_nodes_by_uuid(nodesmi, mark, words):
+    """The container numbers the GPUs it was given 0..k-1, the node by slot: only the UUID pairs them."""
+    rep = judge(node=dict(nodesmi=nodesmi))
+    c = rep["checks"][10]
+    assert c["name"] == "GPU pairing" and c["mark"] == mark and words in c["detail"], c
+    assert sum(1 for c in rep["checks"] if c["mark"] == "✗") == (1 if mark == "✗" else 0)
+    if mark == "✗":
+        assert "trainer_node_nvidia_smi" in c["remedy"]
 
 
 def test_sections_survive_missing_ends_and_crlf():
@@ -178,11 +231,11 @@ def test_the_cli_prints_one_line_per_assumption_and_the_remedy_under_a_cross():
     result = RunResult(ok=False, rc=2, status="failed", hosts={host: HostResult(host=host)})
     text = doctor.text(result, {host: found})
     lines = text.splitlines()
-    assert lines[0] == "gpu-node1-trainer: 1 of 12 assumptions do not hold"
+    assert lines[0] == "gpu-node1-trainer: 1 of 14 assumptions do not hold"
     assert lines[1] == "  ✓ ssh          root@pve1 reached, host key accepted"
     assert lines[5] == "  ✗ lock         container 490 is locked by Proxmox (lock: backup)"
     assert lines[6] == "      remedy: wait for the backup to end, or `pct unlock 490` on the node if nothing holds it"
-    assert len(lines) == 1 + 12 + 1
+    assert len(lines) == 1 + 14 + 1
     assert doctor.run_exit(result, {host: found}) == 1
 
 

@@ -524,6 +524,42 @@ def test_node_view_lists_every_tenants_holders_under_host_pids(state, holder, tm
     assert fakegpu.smi(["-L"], view=lambda: fakegpu.node_view([]))[0] == 6  # no tenant: no GPU
 
 
+def test_a_container_given_some_of_the_nodes_gpus_numbers_them_its_own_way(state, holder, tmp_path):
+    """node_slots [5, 3]: the container sees two GPUs, 0 and 1, whose UUIDs and bus ids are the node's
+    GPUs 5 and 3; its memory shows on the node at slots 5 and 3, beside a tenant given the node's
+    GPUs as they are numbered there."""
+    other = tmp_path / "other"
+    other.mkdir()
+    set_config(state, node_slots=[5, 3])
+    mine, theirs = holder(), holder()
+    assert [g["index"] for g in fakegpu.snapshot()] == [0, 1]
+    assert [g["uuid"] for g in fakegpu.snapshot()] == [fakegpu.gpu_uuid(5, "lab"), fakegpu.gpu_uuid(3, "lab")]
+    with pytest.raises(fakegpu.InvalidDevice):
+        fakegpu.allocate(2, 100, pid=mine.pid)
+    fakegpu.allocate(0, 30000, pid=mine.pid)
+    fakegpu.allocate(1, 10000, pid=mine.pid)
+    os.environ["FAKEGPU_STATE_DIR"] = str(other)
+    try:
+        set_config(other)
+        fakegpu.allocate(5, 20000, pid=theirs.pid)
+    finally:
+        os.environ["FAKEGPU_STATE_DIR"] = str(state)
+    gpus = fakegpu.node_view([(str(state), os.getpid()), (str(other), os.getpid())])
+    assert [g["used_mib"] for g in gpus] == [0, 0, 0, 10000, 0, 50000, 0, 0]
+    assert gpus[5]["uuid"] == fakegpu.snapshot()[0]["uuid"] and gpus[3]["uuid"] == fakegpu.snapshot()[1]["uuid"]
+    rc, out = fakegpu.smi(["-L"])
+    first = "GPU 0: %s (UUID: %s)" % (fakegpu.load_config()["name"], fakegpu.gpu_uuid(5, "lab"))
+    assert rc == 0 and out.splitlines()[0] == first
+    # the CLI; a slot the node does not have, or one given twice, is refused
+    assert fakegpu_cli("config", "--node-slots", "off").returncode == 0
+    assert (fakegpu.load_config()["node_slots"], fakegpu.load_config()["count"]) == (None, 8)
+    assert fakegpu_cli("config", "--node-slots", "2,x").returncode == 2
+    for bad in ([8], [1, 1], []):
+        set_config(state, node_slots=bad)
+        with pytest.raises(ValueError, match="node_slots must be"):
+            fakegpu.load_config()
+
+
 def test_node_view_keeps_a_dead_holders_memory_within_its_release_delay(state, holder):
     set_config(state, release_delay_s=3600)
     proc = holder()

@@ -17,12 +17,14 @@ from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
     cgroup_path,
     comm_name,
     foreign_by_gpu,
+    in_container,
     lines,
     mib_by_index,
     owner,
     preflight_problem,
     printable,
     proof_problem,
+    unpaired_problem,
     who,
 )
 from ansible_collections.dflash.trainer.plugins.modules import trainer_node_gpus
@@ -322,3 +324,62 @@ def test_a_user_unit_of_the_trainers_name_is_not_the_trainer():
     assert (split["trainer_mib"], split["same_ct_mib"]) == (1000, 3000)
     assert proof_problem([split], [5], 2000) is not None
     assert "held by pid 1002 (python3) in CT 200" in preflight_problem([split], [5], 1024)
+
+
+# ---------------------------------------------------------------------------------------------
+# a container given some of the node's GPUs numbers them 0..k-1: paired with the node's by UUID
+
+def test_the_node_view_pairs_the_containers_gpus_by_uuid_and_names_both_numbers():
+    gpus = [dict(gpu(i, 0, []), uuid=U[i]) for i in range(8)]
+    gpus[5] = dict(gpu(5, 50000, [(1001, "python3", 30000), (2001, "python3", 20000)]), uuid=U[5])
+    gpus[3] = dict(gpu(3, 30000, [(1002, "python3", 30000)]), uuid=U[3])
+    split = attribute(gpus, OWNERS, 200, "dflash-trainer")
+    # the container holds the node's GPUs 5 and 3, as its GPUs 0 and 1
+    paired, unpaired = in_container(split, [{"index": 1, "uuid": U[3]}, {"index": 0, "uuid": U[5]}])
+    assert unpaired == []
+    assert [(a["index"], a["slot"], a["trainer_mib"], a["foreign_mib"]) for a in paired] == [
+        (0, 5, 30000, 20000), (1, 3, 30000, 0)]
+    assert lines(paired) == [
+        "GPU 0 (the node's GPU 5): 30000 MiB held by dflash-trainer in CT 200; 20000 MiB by other-tenant in CT 231",
+        "GPU 1 (the node's GPU 3): 30000 MiB held by dflash-trainer in CT 200"]
+    assert foreign_by_gpu(paired, [0, 1]) == {0: 20000}  # the container's numbers: the drain reads them so
+    assert proof_problem(paired, [0, 1], 1024) is None
+    # by the container's index alone, the node's GPUs 0 and 1 would have been judged: nobody's memory there
+    assert proof_problem(split, [0, 1], 1024).endswith("GPU 0: the trainer holds 0 MiB; GPU 1: the trainer holds 0 MiB")
+    # the same number on both sides is said once
+    assert lines(in_container(split, [{"index": 5, "uuid": U[5]}])[0])[0].startswith("GPU 5: 30000 MiB")
+
+
+def test_a_container_gpu_the_node_does_not_list_is_named_with_its_uuid():
+    split = attribute([dict(gpu(5, 0, []), uuid=U[5])], OWNERS, 200, "dflash-trainer")
+    paired, unpaired = in_container(split, [{"index": 0, "uuid": U[5]}, {"index": 1, "uuid": "GPU-elsewhere"},
+                                            {"index": 2, "uuid": None}])
+    assert [a["slot"] for a in paired] == [5]
+    assert unpaired == ["GPU 1 (GPU-elsewhere)", "GPU 2 (no UUID)"]
+    assert unpaired_problem(unpaired).startswith(
+        "the node's nvidia-smi does not list the container's GPU 1 (GPU-elsewhere), GPU 2 (no UUID): the node "
+        "view pairs GPUs by UUID")
+    assert unpaired_problem([]) is None
+
+
+def test_module_numbers_the_node_gpus_as_the_container_does(tmp_path, capsys, monkeypatch):
+    ct = [{"index": 0, "uuid": U[6], "name": "NVIDIA H200"}, {"index": 1, "uuid": U[5], "name": "NVIDIA H200"}]
+    apps = ("gpu_uuid, pid, used_gpu_memory [MiB]\n%s, 81234, 30000 MiB\n%s, 91234, 20000 MiB\n"
+            "%s, 81234, 30000 MiB\n" % (U[5], U[5], U[6]))
+    out = run_node_module(tmp_path, capsys, monkeypatch, apps, gpus=[0, 1], container_gpus=ct)
+    assert not out.get("failed"), out
+    assert [(g["index"], g["slot"]) for g in out["gpus"]] == [(0, 6), (1, 5)]
+    assert out["foreign_mib"] == {"1": 20000}
+    assert out["lines"] == ["GPU 0 (the node's GPU 6): 30000 MiB held by dflash-trainer in CT 200; "
+                            "20000 MiB by no process nvidia-smi lists",
+                            "GPU 1 (the node's GPU 5): 30000 MiB held by dflash-trainer in CT 200; "
+                            "20000 MiB by spoof-comma in CT 231"]
+    # a container GPU the node does not list: the proof and the pre-flight fail naming it; a plain read warns
+    ct.append({"index": 2, "uuid": "GPU-not-here"})
+    for check in ("proof", "preflight"):
+        out = run_node_module(tmp_path, capsys, monkeypatch, apps, gpus=None, container_gpus=ct, check=check)
+        assert out["failed"] and "does not list the container's GPU 2 (GPU-not-here)" in out["msg"], out
+    warned = []
+    monkeypatch.setattr(trainer_node_gpus.AnsibleModule, "warn", lambda self, text: warned.append(text))
+    out = run_node_module(tmp_path, capsys, monkeypatch, apps, gpus=None, container_gpus=ct, check="none")
+    assert not out.get("failed") and any("GPU 2 (GPU-not-here)" in w for w in warned), (out, warned)

@@ -367,6 +367,19 @@ def test_the_chain_is_judged_from_slash_down():
     assert o.judge("trainer_log_path", "log", f) is None
 
 
+def test_an_owner_of_uid_65534_is_explained_as_the_id_map():
+    """In an unprivileged container a bind mount that is not id-mapped shows its files as uid 65534 (nobody): the
+    refusal says what that means and what to do on the node, once."""
+    f = {"path": "/data/x.log", "real": "/data/x.log", "exists": False,
+         "chain": [("/", 0, 0o755), ("/data", 65534, 0o755)]}
+    why = o.judge("trainer_log_path", "log", f)
+    assert why.startswith("/data/x.log is in /data, owned by uid 65534 (mode 0755)")
+    assert why.count("uid 65534 is nobody") == 1 and "id map does not cover" in why and "uid 100000" in why
+    f["chain"] = [("/", 0, 0o755), ("/data", 1000, 0o755)]
+    assert "nobody" not in o.judge("trainer_log_path", "log", f)
+    assert o.idmap_words(None) is None and o.idmap_words("owned by uid 655340") == "owned by uid 655340"
+
+
 # -- the environment file and the launcher outlive a reboot -----------------------------------------
 
 MOUNTINFO = (

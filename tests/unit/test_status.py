@@ -436,8 +436,8 @@ def test_gpu_fields():
             {"index": 1, "name": "H200", "memory_used_mib": None, "memory_total_mib": 143771}]
     assert s.gpu_fields(gpus) == {
         "gpus_mib": {0: 30000, 1: None},
-        "gpus": [{"index": 0, "name": "H200", "memory_used_mib": 30000, "memory_total_mib": 143771},
-                 {"index": 1, "name": "H200", "memory_used_mib": None, "memory_total_mib": 143771}]}
+        "gpus": [{"index": 0, "uuid": "GPU-0", "name": "H200", "memory_used_mib": 30000, "memory_total_mib": 143771},
+                 {"index": 1, "uuid": None, "name": "H200", "memory_used_mib": None, "memory_total_mib": 143771}]}
     assert s.gpu_fields([]) == {"gpus_mib": {}, "gpus": []}
 
 
