@@ -271,7 +271,7 @@ def ours(gpus_mib, baseline):
 
 def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_s=1.0,
           clock=time.monotonic, sleep=time.sleep, tick=None, measure_s=None, extra_regexes=None, baseline=None,
-          progress_path=None, progress_from=None, log_interval_s=None, cgroup_of=None):
+          progress_path=None, progress_from=None, log_interval_s=None, cgroup_of=None, paused=None):
     """Poll the unit, the GPUs and this start's log until the Judge says READY (-> the proof's
     details, with ``figures``: tok/s median, p10, p90 and n over the last ``measure_s`` seconds
     (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
@@ -286,7 +286,9 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     (``_progress_file.ProgressView``). ``log_interval_s`` (shorter than ``interval_s``): the log alone is
     read this often between the observations of the unit and the GPUs, so that the Judge times a step and
     the hold's start when the log showed them (``Snapshot.step_seen_at``, ``log_ready_at``), and an error
-    line is judged at once; None: the log is read with each observation only."""
+    line is judged at once; None: the log is read with each observation only. ``paused``: the
+    ``_wait.PausedClock`` whose ``clock`` and ``sleep`` these are - time the proof did not run (its container
+    frozen) is not the trainer's: the verdict says how long it was (``paused_s``)."""
     # the searches of each line run under a time bound that ends at the proof's deadline at the latest
     # (_trainer_log.LineBound): a regex that backtracks without end on a real line ends the proof as a verdict naming
     # it, never holds the job (and its lease) past the deadline
@@ -403,6 +405,8 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
         if verdict.state == READY:
             if found["until"] is None:
                 proof = dict(verdict.details, msg=verdict.reason, gpu_memory=seen["gpu_rule"])
+                if paused is not None and paused.paused_s:
+                    proof["paused_s"] = round(paused.paused_s, 1)
                 if baseline and any(baseline.values()):
                     proof["baseline_mib"] = {i: m for i, m in baseline.items() if m}
                     proof["baseline_words"] = ", ".join(
@@ -471,6 +475,9 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     low = [i for i, m in (details.get("gpus_mib") or {}).items() if m is not None and m < expect.min_mib]
     if low and seen["gpu_rule"]:  # which memory was counted as the trainer's, for the GPUs it does not hold
         reason += "; counted as the trainer's: %s" % seen["gpu_rule"]
+    if paused is not None and paused.paused_s:
+        details["paused_s"] = round(paused.paused_s, 1)
+        reason += " (%s s when the proof did not run - its container frozen - not counted)" % fmt_s(paused.paused_s)
     msg = failure_msg(reason, tail, expect.tail_lines)
     if progress is not None:
         msg += progress.words(expect.tail_lines)

@@ -69,7 +69,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import cut, mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils._systemd import int_prop, is_running, state_words
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, REASON_CHARS, entry
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, done, failed, waiting
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, PausedClock, done, failed, waiting
 
 
 class Steps(object):
@@ -112,12 +112,16 @@ class Steps(object):
 
     def prove(self, invocation_id, n_restarts):
         p = self.p
-        deadline = time.monotonic() + p["timeout_s"]
-        return prove(Runner(deadline=deadline), self.systemctl, self.nvidia_smi, p["unit"], p["log_path"],
-                     expectations(invocation_id, n_restarts, p), self.regexes, interval_s=p["interval_s"],
-                     tick=self.tick, measure_s=p["measure_s"], extra_regexes=p["measure_regexes"],
-                     baseline=self.baseline, progress_path=p.get("progress_path") or None,
-                     progress_from=self.progress_from, log_interval_s=LOG_POLL_S)
+        # a freeze of the container (a suspend-mode backup) stops the trainer and this job alike: the proof's
+        # clock stops with them (PausedClock), so that a frozen minute is never judged a stall or a timeout
+        paused = PausedClock()
+        deadline = paused.clock() + p["timeout_s"]
+        return prove(Runner(deadline=deadline, clock=paused.clock), self.systemctl, self.nvidia_smi, p["unit"],
+                     p["log_path"], expectations(invocation_id, n_restarts, p), self.regexes,
+                     interval_s=p["interval_s"], tick=self.tick, measure_s=p["measure_s"],
+                     extra_regexes=p["measure_regexes"], baseline=self.baseline,
+                     progress_path=p.get("progress_path") or None, progress_from=self.progress_from,
+                     log_interval_s=LOG_POLL_S, clock=paused.clock, sleep=paused.sleep, paused=paused)
 
     def unit_state(self):
         try:

@@ -14,6 +14,10 @@ On the target the values are read back from the environment file the role wrote
 ``MIN_SECRET_LEN`` characters are not masked: masking ``1`` would rewrite every number in a log
 and hide nothing a guess would not find.
 
+A value that is a number (``0.3``, ``1800``) is masked where it stands as a number of its own, never as a
+piece of another (``40.3K tok/s`` holds ``0.3``): masking every occurrence would rewrite the figures
+the proof reports, and a number inside another number tells nothing of the value.
+
 Mask first, cut after: ``cut(text, n, secrets)`` masks, then shortens (the ledger's reason, a log
 line in a message). A text that was cut before it reached ``mask`` may end (or begin) inside a
 secret; so ``mask`` also masks every piece of at least ``PARTIAL_MIN`` characters that begins or
@@ -33,6 +37,14 @@ PARTIAL_MIN = 8
 NOT_SECRET = frozenset(("PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR"))
 _LINE_RE = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*$')
 _UNESCAPE_RE = re.compile(r"\\(.)")
+_NUMBER_RE = re.compile(r"^[+-]?\d+(?:\.\d+)?$")
+
+
+def _replace(text, value):
+    """``text`` with ``value`` replaced by MASK: everywhere, or where a number stands alone (see above)."""
+    if _NUMBER_RE.match(value):
+        return re.sub(r"(?<![\d.])%s(?!\d|\.\d)" % re.escape(value), MASK, text)
+    return text.replace(value, MASK)
 
 
 def parse_env_file(text):
@@ -64,9 +76,9 @@ def mask(obj, secrets):
     if isinstance(obj, str):
         for value in secrets:
             if value in obj:
-                obj = obj.replace(value, MASK)
+                obj = _replace(obj, value)
         for value in secrets:
-            if len(value) > PARTIAL_MIN:
+            if len(value) > PARTIAL_MIN and not _NUMBER_RE.match(value):
                 obj = _mask_pieces(obj, value)
         return obj
     if isinstance(obj, dict):

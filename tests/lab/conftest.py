@@ -86,6 +86,7 @@ OWN_CONTAINERS = frozenset((
     "test_environment_lab.py",
     "test_experiment_history_lab.py",
     "test_field_formats_lab.py",
+    "test_frozen_lab.py",
     "test_gpu_pairing_lab.py",
     "test_group_hold_lab.py",
     "test_group_lock_lab.py",

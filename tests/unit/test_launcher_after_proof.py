@@ -148,6 +148,8 @@ def test_exit_words_and_masking():
     secrets = L.secrets_of({"HF_TOKEN": "hf_abcdef", "PATH": "/usr/bin", "X": "ab", "DFLASH_RELEASE": "r1"})
     assert secrets == ["hf_abcdef"]
     assert L.mask("RuntimeError: token hf_abcdef refused", secrets) == "RuntimeError: token *** refused"
+    # a number as _secrets.mask does: where it stands alone, never inside another
+    assert L.mask("40.3K tok/s, startup 0.3 s", L.secrets_of({"S": "0.3"})) == "40.3K tok/s, startup *** s"
 
 
 def test_unit_of_reads_the_cgroup():

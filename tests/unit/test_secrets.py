@@ -40,6 +40,14 @@ def test_no_secret_survives_masking(secret, text):
         assert secret not in s.mask(text + secret + text, secrets)
 
 
+def test_a_number_is_masked_where_it_stands_alone_never_inside_another():
+    """trainer_env {"FAKE_TRAINER_STARTUP_S": "0.3", "NCCL_TIMEOUT": "1800"}: the figures the proof reports keep their
+    digits (40.3K tok/s, 21800 steps), the values themselves are masked."""
+    secrets = s.secret_values({"STARTUP_S": "0.3", "NCCL_TIMEOUT": "1800", "TOKEN": "hf_x0.3y"})
+    text = "40.3K tok/s at step 21800; startup 0.3 s, timeout=1800, 0.3. 1800s 0.35 hf_x0.3y"
+    assert s.mask(text, secrets) == "40.3K tok/s at step 21800; startup *** s, timeout=***, ***. ***s 0.35 ***"
+
+
 def test_read_secrets(tmp_path):
     path = tmp_path / "trainer.env"
     path.write_text(ENV_MARK + "\n" + systemd_env_file({"HF_TOKEN": 'a"b$c', "PYTHONUNBUFFERED": "1"}))

@@ -15,6 +15,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     DONE,
     FAILED,
     TIMEOUT,
+    PausedClock,
     done,
     failed,
     next_sleep,
@@ -352,6 +353,53 @@ def test_the_proof_holds_then_measures_and_ticks_what_it_waits_for(tmp_path):
     assert said[-1] == "measuring throughput" and set(clock.slept) == {1.0}
     # step 1 at t=2, step 2 at t=3: ready at t=7 (held 4 s), then measure_s 8 - hold_s 4 = 4 s more
     assert clock.t - 100 == 11
+
+
+def frozen_once(clock, trainer, at_sleep, seconds):
+    """The clock's sleep, with the container frozen for ``seconds`` during sleep number ``at_sleep``: the trainer
+    stands still with it (its own time shifts: its next step comes half a second after the thaw, when the prover
+    has looked once), and the sleep returns that much late."""
+    count = [0]
+
+    def sleep(s):
+        count[0] += 1
+        if count[0] == at_sleep:
+            clock.t += seconds
+            trainer.t0 += seconds + 0.5
+        clock.sleep(s)
+    return sleep
+
+
+def test_a_paused_clock_takes_out_only_a_sleep_that_returned_late():
+    clock = Clock()
+    paused = PausedClock(clock, clock.sleep, late_s=10)
+    paused.sleep(1)
+    assert paused.clock() == 101 and paused.paused_s == 0
+    clock.lag = 9.5  # a busy machine: late, within late_s
+    paused.sleep(1)
+    assert paused.paused_s == 0
+    clock.lag = 60  # frozen
+    paused.sleep(1)
+    assert paused.paused_s == 60 and paused.clock() == clock() - 60
+
+
+def test_a_container_frozen_during_the_proof_is_no_stall_the_proofs_clock_stops_with_it(tmp_path):
+    """A suspend-mode backup freezes the container: the trainer and the job proving it stop together. On the wall
+    clock the trainer made no step for a minute (a stall); on the proof's clock (PausedClock) that minute is not
+    there, and the proof says how long it did not run."""
+    clock = Clock()
+    run = FakeTrainer(clock, tmp_path / "trainer.log")
+    with pytest.raises(StepFailed) as err:  # on the wall clock: judged a stall
+        prove(run, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer.log"), expect(timeout_s=120),
+              REGEXES, clock=clock, sleep=frozen_once(clock, run, 4, 60))
+    assert err.value.msg.startswith("no progress for 61 s (last step=2)"), err.value.msg
+    clock = Clock()
+    run = FakeTrainer(clock, tmp_path / "trainer2.log")
+    paused = PausedClock(clock, frozen_once(clock, run, 4, 60))
+    proof = prove(run, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer2.log"), expect(timeout_s=120),
+                  REGEXES, clock=paused.clock, sleep=paused.sleep, paused=paused)
+    assert proof["main_pid"] == 4242 and proof["paused_s"] == 60
+    assert run.steps >= 4  # it went on stepping after the thaw
 
 
 def test_the_proof_fails_at_its_deadline_saying_what_was_missing(tmp_path):
