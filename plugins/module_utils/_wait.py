@@ -106,24 +106,30 @@ def poll_until(observe, judge, timeout_s, interval_s, clock=time.monotonic, slee
 
 
 class PausedClock(object):
-    """A clock that stops while the waiter is not running: a sleep that returns more than ``late_s`` after it
-    was due means the process did not run (its container frozen - a suspend-mode backup - or the machine
-    suspended), and that time is taken out of every elapsed time read through ``clock``: a wait judges the
-    time it ran, never the time it was frozen (a trainer frozen with it made no progress either). ``paused_s``:
-    how long in all. Only sleeps are measured: a command that hangs keeps costing its time.
+    """A clock that stops while the waiter is not running. Between two of its readings the waiter either sleeps
+    (as long as it asked) or works (a command, a read: a second or two); a gap that is more than ``late_s``
+    longer than the sleeps in it means the process did not run - its container frozen (a suspend-mode backup),
+    the machine suspended - and that time is taken out of every elapsed time read through ``clock``: a wait
+    judges the time it ran, never the time it was frozen (a trainer frozen with it made no progress either).
+    ``paused_s``: how long in all. A command that hangs is killed at its own bound (``_run``), well within a
+    proof's deadline; one that answers after more than ``late_s`` is taken for a pause too.
 
     ``clock`` and ``sleep`` are the ones to hand to ``poll_until`` (and to whatever shares its deadline)."""
 
     def __init__(self, clock=time.monotonic, sleep=time.sleep, late_s=10.0):
         self._clock, self._sleep, self.late_s = clock, sleep, late_s
         self.paused_s = 0.0
+        self._last, self._slept = None, 0.0
 
     def clock(self):
-        return self._clock() - self.paused_s
+        now = self._clock()
+        if self._last is not None:
+            gap = now - self._last - self._slept
+            if gap > self.late_s:
+                self.paused_s += gap
+        self._last, self._slept = now, 0.0
+        return now - self.paused_s
 
     def sleep(self, seconds):
-        before = self._clock()
         self._sleep(seconds)
-        late = self._clock() - before - max(seconds, 0.0)
-        if late > self.late_s:
-            self.paused_s += late
+        self._slept += max(seconds, 0.0)

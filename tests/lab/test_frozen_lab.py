@@ -1,8 +1,9 @@
 """A container frozen during a restart's proof (container 245): a suspend-mode backup (vzdump --mode suspend)
 freezes the container - the trainer and the restart job proving it stop together - and thaws it when the backup
-ends. On the wall clock the trainer then made no step for as long as the freeze (longer than
-trainer_ready_stall_s: a stall, a failed release); on the proof's clock that time is not there. The release is
-proved, and the proof says how long it did not run. The freeze is lxc-freeze, as vzdump's suspend mode does."""
+ends. Here the freeze outlasts the proof's whole deadline (trainer_ready_timeout_s): on the wall clock the
+trainer was not ready in time - a failed release, rolled back; on the proof's clock that time is not there. The
+release is proved, and the proof says how long it did not run. The freeze is lxc-freeze, as vzdump's suspend
+mode does."""
 import json
 import os
 import subprocess
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.lab
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "245"
 STATE = "/var/lib/dflash-trainer/restart.json"
-FREEZE_S = 20  # the fault's length: longer than the proof's tolerance of a late sleep (10 s) and the stall (3 s)
-FAST = {"trainer_ready_hold_s": 6, "trainer_ready_stall_s": 3, "trainer_ready_timeout_s": 60,
+FREEZE_S = 40  # the fault's length: longer than the proof's deadline (30 s) and its tolerance of a late step (10 s)
+FAST = {"trainer_ready_hold_s": 6, "trainer_ready_stall_s": 3, "trainer_ready_timeout_s": 30,
         "trainer_target_hosts": "all", "trainer_src": os.path.join(ROOT, "examples", "trainer"),
         "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3", "FAKE_TRAINER_STEP_INTERVAL_S": "0.5"}}
 

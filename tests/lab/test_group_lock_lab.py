@@ -247,6 +247,8 @@ def test_a_group_waiting_for_its_slowest_member_holds_every_lock_and_a_queued_de
         ledger = lab.ct(ct, "cat", "/opt/dflash-trainer/ledger.json").stdout
         proved_entries = [e for e in json.loads(ledger)["entries"] if e.get("verdict") == "proved"]
         assert proved_entries[-1]["release"] == seen[0][0], ledger[-2000:]
+        # r1, r2, r3, each started and proved once on every member: the slow member's wait restarted no other
+        assert len(proved_entries) == 3 and len({e["release"] for e in proved_entries}) == 3, ledger[-3000:]
 
 
 def lapsed(lab, ct):

@@ -370,17 +370,23 @@ def frozen_once(clock, trainer, at_sleep, seconds):
     return sleep
 
 
-def test_a_paused_clock_takes_out_only_a_sleep_that_returned_late():
+def test_a_paused_clock_takes_out_only_the_time_the_waiter_did_not_run():
     clock = Clock()
     paused = PausedClock(clock, clock.sleep, late_s=10)
+    paused.clock()
     paused.sleep(1)
     assert paused.clock() == 101 and paused.paused_s == 0
-    clock.lag = 9.5  # a busy machine: late, within late_s
+    clock.lag = 9.5  # a busy machine: a sleep late, within late_s
     paused.sleep(1)
-    assert paused.paused_s == 0
-    clock.lag = 60  # frozen
+    assert paused.clock() == 111.5 - 0 and paused.paused_s == 0
+    clock.lag = 60  # frozen in a sleep
     paused.sleep(1)
-    assert paused.paused_s == 60 and paused.clock() == clock() - 60
+    assert paused.clock() == clock() - 60 and paused.paused_s == 60
+    clock.lag = 0
+    clock.t += 30  # frozen while it worked (a command): no sleep between the readings
+    assert paused.clock() == clock() - 90 and paused.paused_s == 90
+    clock.t += 5  # a command that took 5 s: its own time
+    assert paused.paused_s == 90 and paused.clock() == clock() - 90
 
 
 def test_a_container_frozen_during_the_proof_is_no_stall_the_proofs_clock_stops_with_it(tmp_path):
@@ -400,6 +406,21 @@ def test_a_container_frozen_during_the_proof_is_no_stall_the_proofs_clock_stops_
                   REGEXES, clock=paused.clock, sleep=paused.sleep, paused=paused)
     assert proof["main_pid"] == 4242 and proof["paused_s"] == 60
     assert run.steps >= 4  # it went on stepping after the thaw
+    # frozen while the job waited for a command (nvidia-smi, frozen with it): the same
+    clock = Clock()
+    run = FakeTrainer(clock, tmp_path / "trainer3.log")
+    calls = [0]
+
+    def frozen_in_a_command(argv):
+        calls[0] += 1
+        if calls[0] == 7:
+            clock.t += 60
+            run.t0 += 60.5
+        return run(argv)
+    paused = PausedClock(clock, clock.sleep)
+    proof = prove(frozen_in_a_command, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer3.log"),
+                  expect(timeout_s=120), REGEXES, clock=paused.clock, sleep=paused.sleep, paused=paused)
+    assert proof["main_pid"] == 4242 and proof["paused_s"] == 60
 
 
 def test_the_proof_fails_at_its_deadline_saying_what_was_missing(tmp_path):
