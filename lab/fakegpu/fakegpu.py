@@ -154,7 +154,7 @@ def load_config(path=None):
     slots = cfg.get("node_slots")
     if slots is not None:
         if not isinstance(slots, list) or not slots or len(set(slots)) != len(slots) \
-                or not all(isinstance(x, int) and 0 <= x < int(cfg["node_count"]) for x in slots):
+                or not all(isinstance(x, int) and 0 <= x < cfg["node_count"] for x in slots):
             raise ValueError("%s: node_slots must be null or distinct slots below node_count %s, not %r"
                              % (path, cfg["node_count"], slots))
         cfg["count"] = len(slots)

@@ -287,8 +287,10 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     read this often between the observations of the unit and the GPUs, so that the Judge times a step and
     the hold's start when the log showed them (``Snapshot.step_seen_at``, ``log_ready_at``), and an error
     line is judged at once; None: the log is read with each observation only. ``paused``: the
-    ``_wait.PausedClock`` whose ``clock`` and ``sleep`` these are - time the proof did not run (its container
-    frozen) is not the trainer's: the verdict says how long it was (``paused_s``)."""
+    ``_wait.PausedClock`` to read time and sleep with (in place of ``clock`` and ``sleep``) - time the proof did
+    not run (its container frozen) is not the trainer's: the verdict says how long it was (``paused_s``)."""
+    if paused is not None:
+        clock, sleep = paused.clock, paused.sleep
     # the searches of each line run under a time bound that ends at the proof's deadline at the latest
     # (_trainer_log.LineBound): a regex that backtracks without end on a real line ends the proof as a verdict naming
     # it, never holds the job (and its lease) past the deadline

@@ -121,7 +121,7 @@ class Steps(object):
                      interval_s=p["interval_s"], tick=self.tick, measure_s=p["measure_s"],
                      extra_regexes=p["measure_regexes"], baseline=self.baseline,
                      progress_path=p.get("progress_path") or None, progress_from=self.progress_from,
-                     log_interval_s=LOG_POLL_S, clock=paused.clock, sleep=paused.sleep, paused=paused)
+                     log_interval_s=LOG_POLL_S, paused=paused)
 
     def unit_state(self):
         try:

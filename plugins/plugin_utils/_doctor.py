@@ -23,6 +23,7 @@ import shlex
 
 from ansible_collections.dflash.trainer.plugins.connection.pct import pct_refusal
 from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi
+from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import in_container
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask
 
 OK, BAD, UNKNOWN = "✓", "✗", "?"
@@ -242,22 +243,21 @@ def judge_gpu_pairing(csec, nsec, node_nvidia_smi="nvidia-smi"):
             node_nvidia_smi, nrc, _first_line(ntext)))
     try:
         mine = _nvidia_smi.parse_list(_gpu_lines(ctext))
-        node = {g["uuid"]: g["index"] for g in _nvidia_smi.parse_list(_gpu_lines(ntext))}
+        node = _nvidia_smi.parse_list(_gpu_lines(ntext))
     except _nvidia_smi.NvidiaSmiError as exc:
         return check("GPU pairing", UNKNOWN, "not paired: %s" % exc)
     if not mine or not node:
         return check("GPU pairing", UNKNOWN, "not paired: %s lists no GPU" % (
             "the container" if not mine else "the node's %s" % node_nvidia_smi))
-    missing = [g for g in mine if g["uuid"] not in node]
-    if missing:
-        return check("GPU pairing", BAD, "the node does not list the container's %s" % ", ".join(
-            "GPU %d (%s)" % (g["index"], g["uuid"]) for g in missing),
-            "the container's GPUs are not this node's as its nvidia-smi lists them: check trainer_node_nvidia_smi "
-            "and the container's GPU device entries in /etc/pve/lxc/<vmid>.conf")
-    if all(node[g["uuid"]] == g["index"] for g in mine):
-        return check("GPU pairing", OK, "the container's %d GPU(s) are the node's, numbered alike" % len(mine))
+    paired, unpaired = in_container(node, mine)  # the node view's own pairing
+    if unpaired:
+        return check("GPU pairing", BAD, "the node does not list the container's %s" % ", ".join(unpaired),
+                     "the container's GPUs are not this node's as its nvidia-smi lists them: check "
+                     "trainer_node_nvidia_smi and the container's GPU device entries in /etc/pve/lxc/<vmid>.conf")
+    if all(g["slot"] == g["index"] for g in paired):
+        return check("GPU pairing", OK, "the container's %d GPU(s) are the node's, numbered alike" % len(paired))
     return check("GPU pairing", OK, "by UUID: %s" % ", ".join(
-        "GPU %d is the node's GPU %d" % (g["index"], node[g["uuid"]]) for g in mine))
+        "GPU %d is the node's GPU %d" % (g["index"], g["slot"]) for g in paired))
 
 
 def _gpu_lines(text):

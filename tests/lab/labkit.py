@@ -21,3 +21,17 @@ def holds(predicate, seconds, interval=0.1):
             return False
         time.sleep(interval)
     return bool(predicate())
+
+
+NODE_SMI = "/usr/local/lib/dflash-lab/nvidia-smi-node"  # the lab node's nvidia-smi (lab/node.py, lab.py up)
+
+
+def node_smi_of(base, *vmids):
+    """The lab node's nvidia-smi, told that the GPUs of containers ``vmids`` are the node's by a list of the test's
+    own (FAKEGPU_NODE_TENANTS_FILE; `lab.py node-gpus`, which other tests set, is left alone): a wrapper written
+    to ``base`` (a pathlib.Path only root may write: the node view runs no program from another's) -> its path."""
+    (base / "tenants").write_text("".join("%s\n" % vmid for vmid in vmids))
+    smi = base / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nFAKEGPU_NODE_TENANTS_FILE=%s exec %s \"$@\"\n" % (base / "tenants", NODE_SMI))
+    smi.chmod(0o755)
+    return str(smi)

@@ -19,6 +19,8 @@ import tempfile
 
 import pytest
 
+from labkit import node_smi_of
+
 pytestmark = pytest.mark.lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,7 +29,6 @@ PCT = os.path.join(ROOT, "lab", "pct")
 CT, MISSING = "490", "499"
 NAMES = ["ssh", "privilege", "pct", "container", "lock", "cgroup", "pct exec", "systemd", "python", "nvidia-smi",
          "GPU pairing", "device nodes", "free space", "clock"]
-NODE_SMI = "/usr/local/lib/dflash-lab/nvidia-smi-node"  # lab/node.py installs it (lab.py up)
 
 
 def lab_py(*args):
@@ -38,13 +39,10 @@ def lab_py(*args):
 def node_smi():
     """The node's nvidia-smi, 490's GPUs its own; and one of another node (its GPUs none of 490's)."""
     base = pathlib.Path(tempfile.mkdtemp(prefix="dflash-doctor-", dir=os.path.expanduser("~")))
-    (base / "tenants").write_text("%s\n" % CT)
-    ours, other = base / "nvidia-smi", base / "nvidia-smi-other-node"
-    ours.write_text("#!/bin/sh\nFAKEGPU_NODE_TENANTS_FILE=%s exec %s \"$@\"\n" % (base / "tenants", NODE_SMI))
+    ours, other = node_smi_of(base, CT), base / "nvidia-smi-other-node"
     other.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-4000-8000-000000000000)'\n")
-    ours.chmod(0o755)
     other.chmod(0o755)
-    yield {"ours": str(ours), "other": str(other)}
+    yield {"ours": ours, "other": str(other)}
     shutil.rmtree(str(base))
 
 

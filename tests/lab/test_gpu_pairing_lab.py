@@ -20,12 +20,13 @@ import tempfile
 
 import pytest
 
+from labkit import node_smi_of
+
 pytestmark = pytest.mark.lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = os.path.join(ROOT, "lab", "lab.py")
 CT = "235"
-NODE_SMI = "/usr/local/lib/dflash-lab/nvidia-smi-node"  # lab/node.py installs it (lab.py up)
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 60,
         "trainer_target_hosts": "all", "trainer_src": os.path.join(ROOT, "examples", "trainer"),
         "trainer_gpus": [0, 1], "trainer_gpu_host_view": True,
@@ -40,10 +41,7 @@ def paired(lab):
     assert lab.ct(CT, "python3", "-m", "fakegpu", "config", "--node-slots", "5,3").returncode == 0
     # the node's nvidia-smi is run only from a directory nobody but root may write (not pytest's /tmp)
     base = pathlib.Path(tempfile.mkdtemp(prefix="dflash-pairing-", dir=os.path.expanduser("~")))
-    (base / "tenants").write_text("%s\n" % CT)
-    smi = base / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nFAKEGPU_NODE_TENANTS_FILE=%s exec %s \"$@\"\n" % (base / "tenants", NODE_SMI))
-    smi.chmod(0o755)
+    smi = node_smi_of(base, CT)
     inv = base / "hosts.json"
     inv.write_text(json.dumps({"all": {"hosts": {"ct": {"proxmox_vmid": int(CT)}}, "vars": dict(
         lab.conn_vars(), trainer_node_nvidia_smi=str(smi))}}))

@@ -22,13 +22,12 @@ import tempfile
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi as smi
-from labkit import wait_for
+from labkit import node_smi_of, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = os.path.join(ROOT, "lab", "lab.py")
 CT = "233"       # the trainer's container (GPUs seen as through LXC passthrough)
 TENANT = "234"   # another tenant on the node's GPUs
-NODE_SMI = "/usr/local/lib/dflash-lab/nvidia-smi-node"  # lab/node.py installs it (lab.py up)
 COMMA_GPU, NEWLINE_GPU, TENANT_MIB = 5, 6, 20000
 FAST = {"trainer_ready_hold_s": 2, "trainer_ready_stall_s": 2, "trainer_ready_timeout_s": 30,
         "trainer_drain_timeout_s": 10, "trainer_env": {"FAKE_TRAINER_STARTUP_S": "0.3"}, "trainer_target_hosts": "all",
@@ -60,10 +59,7 @@ def spoof(lab):
                   "--clear-foreign").returncode == 0
     # the node's nvidia-smi is run only from a directory nobody but root may write (not pytest's /tmp)
     base = pathlib.Path(tempfile.mkdtemp(prefix="dflash-spoof-", dir=os.path.expanduser("~")))
-    (base / "tenants").write_text("%s\n%s\n" % (CT, TENANT))
-    smi_path = base / "nvidia-smi"
-    smi_path.write_text("#!/bin/sh\nFAKEGPU_NODE_TENANTS_FILE=%s exec %s \"$@\"\n" % (base / "tenants", NODE_SMI))
-    smi_path.chmod(0o755)
+    smi_path = node_smi_of(base, CT, TENANT)
     inv = base / "hosts.json"
     inv.write_text(json.dumps({"all": {"hosts": {"ct": {"proxmox_vmid": int(CT)}}, "vars": dict(
         lab.conn_vars(), trainer_node_nvidia_smi=str(smi_path))}}))

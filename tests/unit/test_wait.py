@@ -403,7 +403,7 @@ def test_a_container_frozen_during_the_proof_is_no_stall_the_proofs_clock_stops_
     run = FakeTrainer(clock, tmp_path / "trainer2.log")
     paused = PausedClock(clock, frozen_once(clock, run, 4, 60))
     proof = prove(run, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer2.log"), expect(timeout_s=120),
-                  REGEXES, clock=paused.clock, sleep=paused.sleep, paused=paused)
+                  REGEXES, paused=paused)
     assert proof["main_pid"] == 4242 and proof["paused_s"] == 60
     assert run.steps >= 4  # it went on stepping after the thaw
     # frozen while the job waited for a command (nvidia-smi, frozen with it): the same
@@ -419,7 +419,7 @@ def test_a_container_frozen_during_the_proof_is_no_stall_the_proofs_clock_stops_
         return run(argv)
     paused = PausedClock(clock, clock.sleep)
     proof = prove(frozen_in_a_command, "systemctl", "nvidia-smi", "t.service", str(tmp_path / "trainer3.log"),
-                  expect(timeout_s=120), REGEXES, clock=paused.clock, sleep=paused.sleep, paused=paused)
+                  expect(timeout_s=120), REGEXES, paused=paused)
     assert proof["main_pid"] == 4242 and proof["paused_s"] == 60
 
 
