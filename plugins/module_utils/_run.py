@@ -26,6 +26,7 @@ DEFAULT_TIMEOUT_S = 30.0
 MIN_POLL_S = 1.0
 # After SIGKILL: how long to wait for the pipes to close, then for the process to be reaped.
 KILL_WAIT_S = 1.0
+WAIT_SLICE_S = 1.0  # how often run_bounded reads a caller's clock
 
 
 class CommandTimeout(Exception):
@@ -95,17 +96,23 @@ def _kill_group(proc):
         return b"", b""
 
 
-def run_bounded(argv, timeout_s, env=None, cwd=None):
+def run_bounded(argv, timeout_s, env=None, cwd=None, clock=None):
     """Run argv (a list, no shell) -> (rc, stdout, stderr) as text; raise CommandTimeout when it
-    has not finished within ``timeout_s`` seconds (it and its process group are killed)."""
+    has not finished within ``timeout_s`` seconds (it and its process group are killed). ``clock`` (a
+    ``_wait.PausedClock``'s): the seconds are read on it, WAIT_SLICE_S at a time - a freeze of caller and command."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=cwd, close_fds=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=max(timeout_s, 0))
-    except subprocess.TimeoutExpired:
-        out, err = _kill_group(proc)
-        raise CommandTimeout(argv, timeout_s, _text(out), _text(err))
-    return proc.returncode, _text(out), _text(err)
+    left = max(timeout_s, 0)
+    while True:
+        began = clock() if clock else 0
+        try:
+            out, err = proc.communicate(timeout=min(left, WAIT_SLICE_S) if clock else left)
+            return proc.returncode, _text(out), _text(err)
+        except subprocess.TimeoutExpired:
+            left = left - (clock() - began) if clock else 0
+            if left <= 0:
+                out, err = _kill_group(proc)
+                raise CommandTimeout(argv, timeout_s, _text(out), _text(err))
 
 
 class Runner(object):
@@ -128,7 +135,7 @@ class Runner(object):
         return min(self.timeout_s, max(self.deadline - self.clock(), self.min_s))
 
     def __call__(self, argv):
-        return run_bounded(argv, self.bound(), env=self.env)
+        return run_bounded(argv, self.bound(), env=self.env, clock=None if self.clock is time.monotonic else self.clock)
 
 
 class ModuleRunner(Runner):

@@ -107,14 +107,12 @@ def poll_until(observe, judge, timeout_s, interval_s, clock=time.monotonic, slee
 
 class PausedClock(object):
     """A clock that stops while the waiter is not running. Between two of its readings the waiter either sleeps
-    (as long as it asked) or works (a command, a read: a second or two); a gap that is more than ``late_s``
-    longer than the sleeps in it means the process did not run - its container frozen (a suspend-mode backup),
-    the machine suspended - and that time is taken out of every elapsed time read through ``clock``: a wait
-    judges the time it ran, never the time it was frozen (a trainer frozen with it made no progress either).
-    ``paused_s``: how long in all. A command that hangs is killed at its own bound (``_run``), well within a
-    proof's deadline; one that answers after more than ``late_s`` is taken for a pause too.
-
-    ``clock`` and ``sleep`` are the ones to hand to ``poll_until`` (and to whatever shares its deadline)."""
+    (as long as it asked) or works (a command, a read: a second or two); a gap more than ``late_s`` longer than
+    the sleeps in it means the process did not run - its container frozen (a suspend-mode backup), the machine
+    suspended - and that time (``paused_s`` in all) is taken out of every elapsed time read through ``clock``: a
+    wait judges the time it ran (a trainer frozen with it made no progress either). A ``_run.Runner`` on this
+    clock reads it every second while a command runs: a freeze then is not counted against the command's bound,
+    a hang is. ``clock`` and ``sleep`` go to ``poll_until`` (and to whatever shares its deadline)."""
 
     def __init__(self, clock=time.monotonic, sleep=time.sleep, late_s=10.0):
         self._clock, self._sleep, self.late_s = clock, sleep, late_s

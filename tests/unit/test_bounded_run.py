@@ -143,6 +143,30 @@ def test_slow_but_answering_nvidia_smi_is_not_a_hang(gpu):
     assert rc == 0 and out.splitlines()[0] == "0"
 
 
+def test_a_freeze_during_a_command_is_not_counted_against_its_bound_on_a_paused_clock(tmp_path):
+    """The restart job's proof runs its commands on a PausedClock: a container frozen while a command ran (the
+    command frozen with it) shows as a jump of the clock; on the wall clock the command is past its bound and
+    killed, on the paused clock it is waited for, and a command that hangs is still killed at its bound."""
+    from ansible_collections.dflash.trainer.plugins.module_utils._wait import PausedClock
+    cmd = script(tmp_path / "cmd", "#!/bin/sh\nsleep 1.5; echo done\n")
+    reads = [0]
+
+    def frozen_once():  # the second reading comes 60 s late: the freeze
+        reads[0] += 1
+        return time.monotonic() + (60 if reads[0] >= 2 else 0)
+    with pytest.raises(_run.CommandTimeout):
+        _run.run_bounded([cmd], 10.0, clock=frozen_once)
+    reads[0] = 0
+    paused = PausedClock(frozen_once)
+    assert _run.Runner(10.0, clock=paused.clock)([cmd]) == (0, "done\n", "")
+    assert paused.paused_s >= 60
+    hung = script(tmp_path / "hung", "#!/bin/sh\nexec sleep 60\n")
+    start = time.monotonic()
+    with pytest.raises(_run.CommandTimeout):
+        _run.Runner(1.0, clock=PausedClock().clock)([hung])
+    assert time.monotonic() - start <= 1.0 + _run.WAIT_SLICE_S + SLACK_S
+
+
 def test_escaped_grandchild_holding_the_pipe_does_not_block(tmp_path):
     """A child that left the process group (setsid) keeps stdout open: we stop reading."""
     pidfile = tmp_path / "pid"
