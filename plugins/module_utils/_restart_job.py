@@ -9,8 +9,13 @@ strand a stopped trainer and a held lock. So the role starts this job (``trainer
 state=start, detached in the container: a new session, no standard streams) and only watches it. The job
 
   switch current to the release -> stop -> drain -> purge -> start -> prove -> mark good
-  on failure: current back to the last good release -> stop -> drain -> purge -> start -> prove
+  on failure: current back to the last good release -> stop -> drain -> purge -> start -> re-prove
   (no good release to go back to: stop the failed trainer)
+
+A release brought back with the configuration it was proved with (the ledger says so: ``proved_before``)
+is re-proved, not proved again from scratch: the same conditions - the unit active on this start, its GPUs
+held, the step counter rising - held for the stall window instead of the whole hold, and no throughput
+window after it (``Steps.prove``'s ``reproof``). Anything else brought back gets the full proof.
 
 renews the deploy lock while it runs (a lease: a job that dies stops renewing), releases it at
 the end, and keeps its phase and its outcome in a state file that the next run reads: an
@@ -28,6 +33,13 @@ from ansible_collections.dflash.trainer.plugins.module_utils._install import con
 from ansible_collections.dflash.trainer.plugins.module_utils._job_result import JobResult
 from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
 from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, compare, entry, gate
+
+
+def proved_before(ledger, release, config):
+    """Whether the ledger holds a proof of ``release`` with the configuration ``config`` (an id): bringing it
+    back is then a re-proof. An unknown configuration (None) was never proved."""
+    return bool(release) and config is not None and any(
+        e.get("release") == release and e.get("verdict") == PROVED and e.get("config") == config for e in ledger)
 
 
 def _words(exc):
@@ -90,8 +102,9 @@ class RestartJob(object):
         except Exception as exc:  # an OSError from the purge (EBUSY), from switching current, ...
             raise StepFailed("%s failed: %s" % (name, _words(exc)), unexpected=True)
 
-    def cycle(self, release, prefix="", strict_drain=True):
-        """stop -> drain -> purge -> start -> prove on the release ``current`` points at.
+    def cycle(self, release, prefix="", strict_drain=True, reproof=False):
+        """stop -> drain -> purge -> start -> prove on the release ``current`` points at (``reproof``: a
+        release brought back with the configuration it was proved with, see the module's words).
 
         ``strict_drain`` False (bringing back a release that ran before): memory still held after
         the stop is noted and the start goes ahead - a trainer that ran beside it before is not
@@ -120,7 +133,7 @@ class RestartJob(object):
         self.phase(prefix + "starting", release=release)
         started = self._step("start", self.steps.start)
         self.phase(prefix + "proving", release=release, invocation_id=started.get("invocation_id"))
-        proof = self._step("proof", self.steps.prove, started["invocation_id"], started["n_restarts"])
+        proof = self._step("proof", self.steps.prove, started["invocation_id"], started["n_restarts"], reproof)
         return started, proof
 
     def _source_of(self, release, ledger):
@@ -211,7 +224,8 @@ class RestartJob(object):
             self.phase("restoring", release=release)
             try:
                 restored = self._put_back_config(last_good) if last_good == release else []
-                _started, proof = self.cycle(release, prefix="restore ", strict_drain=False)
+                _started, proof = self.cycle(release, prefix="restore ", strict_drain=False,
+                                             reproof=proved_before(ledger, release, self._config_id_now()))
                 result.update(restored=True, rollback_proof=proof, outcome=(
                     "Restored: release %s runs again%s and is proved ready (pid %s, step %s, %s tok/s)."
                     % (release, self._config_said(restored), proof.get("main_pid"), proof.get("step"),
@@ -244,13 +258,15 @@ class RestartJob(object):
                 if last_good != release:
                     self._step("switching current back", self.layout.switch, last_good)
                 restored = self._put_back_config(last_good)
-                _started, proof = self.cycle(last_good, prefix="rollback ", strict_drain=False)
+                config_back = self._config_id_now()  # what the rollback's start runs
+                _started, proof = self.cycle(last_good, prefix="rollback ", strict_drain=False,
+                                             reproof=proved_before(ledger, last_good, config_back))
                 self._keep_config(last_good)
                 records.append(entry(release, "rolled back" if last_good != release else "failed",
                                      result.get("figures"), self.source, result["failure"], now=self.clock(),
                                      config=config_id))
                 records.append(entry(last_good, PROVED, proof.get("figures"), self._source_of(last_good, ledger),
-                                     "re-proved by a rollback", now=self.clock(), config=self._config_id_now()))
+                                     "re-proved by a rollback", now=self.clock(), config=config_back))
                 if last_good == release:
                     outcome = ("Rolled back: release %s runs again%s and is proved ready (pid %s, step %s, %s tok/s); "
                                "the failed start's log is kept%s." % (

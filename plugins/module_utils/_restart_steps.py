@@ -72,6 +72,15 @@ from ansible_collections.dflash.trainer.plugins.module_utils._throughput import 
 from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, PausedClock, done, failed, waiting
 
 
+def reproof_settings(p):
+    """The proof's settings for a release brought back with the configuration it was proved with (its proof is
+    in the ledger): the same conditions - the unit active on this start, its GPUs held, the step counter rising
+    (twice at least within the window, the judge's own rule) - held for the stall window, the least in which the
+    judge can see progress, instead of the whole hold; and no throughput window after it."""
+    settings = expectations("", 0, p)  # the settings in force, a default for any not given
+    return dict(p, hold_s=min(settings.hold_s, settings.stall_s), measure_s=None)
+
+
 class Steps(object):
     """The cycle's steps, bound to this module's parameters."""
 
@@ -110,8 +119,8 @@ class Steps(object):
             self.progress_from = progress_start(self.p["progress_path"])
         return start(Runner(), self.systemctl, self.p["unit"], start_run=Runner(START_TIMEOUT_S))
 
-    def prove(self, invocation_id, n_restarts):
-        p = self.p
+    def prove(self, invocation_id, n_restarts, reproof=False):
+        p = reproof_settings(self.p) if reproof else self.p
         # a freeze of the container (a suspend-mode backup) stops the trainer and this job alike: the proof's
         # clock stops with them (PausedClock), so that a frozen minute is never judged a stall or a timeout
         paused = PausedClock()

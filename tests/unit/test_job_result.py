@@ -111,7 +111,7 @@ class MarkGoodFails(FakeLayout):
 
 
 class MeasuredSteps(FakeSteps):
-    def prove(self, invocation_id, n_restarts):
+    def prove(self, invocation_id, n_restarts, reproof=False):
         proof = super(MeasuredSteps, self).prove(invocation_id, n_restarts)
         proof["figures"] = {"tok_s": {"median": 1000.0, "p10": 900.0, "p90": 1100.0, "n": 9, "window_s": 10.0}}
         return proof

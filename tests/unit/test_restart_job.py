@@ -37,7 +37,7 @@ class FakeSteps(object):
     def start(self):
         return self._step("start", {"invocation_id": "inv%d" % (self.n.get("start", 0) + 1), "n_restarts": 0})
 
-    def prove(self, invocation_id, n_restarts):
+    def prove(self, invocation_id, n_restarts, reproof=False):
         return self._step("prove", {"main_pid": 42, "step": 7, "tok_s": 1000.0, "invocation_id": invocation_id})
 
     def unit_state(self):
@@ -167,7 +167,7 @@ def test_ledger_records_each_outcome_and_the_gate_rolls_back():
             super(MeasuredSteps, self).__init__(**kw)
             self.medians = list(medians)
 
-        def prove(self, invocation_id, n_restarts):
+        def prove(self, invocation_id, n_restarts, reproof=False):
             proof = super(MeasuredSteps, self).prove(invocation_id, n_restarts)
             proof["figures"] = {"tok_s": {"median": self.medians.pop(0), "p10": 1.0, "p90": 2.0, "n": 9,
                                           "window_s": 10.0}}

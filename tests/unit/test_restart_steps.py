@@ -241,7 +241,7 @@ class FakeSteps(object):
     def start(self):
         return self._do("start", {"invocation_id": "inv", "n_restarts": 0})
 
-    def prove(self, invocation_id, n_restarts):
+    def prove(self, invocation_id, n_restarts, reproof=False):
         if self.fail_prove and "prove" not in self.calls:  # the first proof fails, the rollback's passes
             self.calls.append("prove")
             raise StepFailed(self.fail_prove, log_tail=["HF_TOKEN=" + self.fail_prove])

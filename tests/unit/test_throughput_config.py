@@ -182,7 +182,7 @@ class Steps(object):
     def start(self):
         return {"invocation_id": "inv", "n_restarts": 0}
 
-    def prove(self, invocation_id, n_restarts):
+    def prove(self, invocation_id, n_restarts, reproof=False):
         return {"main_pid": 42, "step": 7, "tok_s": 1.0, "figures": {
             "tok_s": {"median": self.medians.pop(0), "p10": 1.0, "p90": 2.0, "n": 9, "window_s": 10.0}}}
 
