@@ -75,6 +75,11 @@ def parse_extravar(text: str) -> dict:
     return data
 
 
+# The history table's header: the columns of the lines the status module writes (the collection's
+# _throughput.HISTORY_HEADER, which tests/unit/test_cli.py keeps this equal to)
+HISTORY_HEADER = "RELEASE           CONFIG    WHEN                  VERDICT       TOK/S MEDIAN (P10-P90, N)  SOURCE"
+
+
 def describe_host(h: HostResult) -> list[str]:
     lines = ["%s: %s%s" % (h.host, "ok" if h.ok else "FAILED", " (changed)" if h.changed else "")]
     if h.release:
@@ -99,7 +104,7 @@ def describe_host(h: HostResult) -> list[str]:
         if s.health:
             lines.append("  health: %s%s" % ("" if s.health.get("ok") else "NOT OK: ", s.health.get("words")))
         if s.history:
-            lines.append("  RELEASE           WHEN                  VERDICT       TOK/S MEDIAN (P10-P90, N)   SOURCE")
+            lines.append("  " + HISTORY_HEADER)
             lines.extend("  " + str(row.get("line") or row.get("release")) for row in s.history)
             spark = plot.sparkline_line(s.history)
             if spark:

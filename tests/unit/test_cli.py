@@ -442,3 +442,21 @@ def test_a_host_after_the_command_is_the_limit(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["status", "gpu-host", "-l", "other"])
     assert e.value.code == 2 and "the host pattern is given twice (gpu-host and -l other)" in capsys.readouterr().err
+
+
+def test_the_history_header_lines_up_with_its_columns():
+    """`dflash-trainer history` prints the status module's lines under its own header: the same columns."""
+    from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
+    from dflash_trainer.__main__ import HISTORY_HEADER, describe_host
+    from dflash_trainer.results import HostResult, TrainerStatus
+
+    assert HISTORY_HEADER == t.HISTORY_HEADER
+    entries = [t.entry("b2c0ffee00000002", t.PROVED, {"tok_s": {"median": 21000.0, "p10": 20000.0, "p90": 22000.0,
+                                                                "n": 9}}, "git 1234567", now=1, config="aaaa0001")]
+    status = TrainerStatus(history=t.history_rows(entries))
+    out = describe_host(HostResult(host="gpu-host", ok=True, status=status))
+    header = next(line for line in out if "RELEASE" in line)
+    row = next(line for line in out if "b2c0ffee00000002" in line)
+    for col, value in (("RELEASE", "b2c0ffee00000002"), ("CONFIG", "aaaa0001"), ("WHEN", "1970-01-01T00:00:01Z"),
+                       ("VERDICT", "proved"), ("TOK/S", "21.0K"), ("SOURCE", "git 1234567")):
+        assert row.index(value) == header.index(col), col
