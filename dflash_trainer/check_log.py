@@ -30,6 +30,7 @@ import importlib
 import math
 import os
 import re
+import shlex
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -735,7 +736,7 @@ def _tries_text(change: dict) -> str:
             plain = "'" not in text and parse_kv("%s=%s" % (k, text), check_raw=False) == {k: text}
         except Exception:
             plain = False
-        words.append("-e '%s=%s'" % (k, text) if plain else "-e '%s'" % json.dumps({k: v}))
+        words.append("-e %s" % shlex.quote("%s=%s" % (k, text) if plain else json.dumps({k: v})))
     return " ".join(words)
 
 
@@ -885,8 +886,8 @@ def advise(result: Replay, lines: list) -> list:
                 _fmt_s(big[0]), big[1].n, _fmt_s(stall), "" if result.clock == "timestamps" else
                 "; this clock is --line-interval-s %s s per line: replay at the trainer's real rate" %
                 _fmt_s(result.line_interval_s)),
-                "-e trainer_ready_stall_s=%s -e trainer_ready_hold_s=%s" % (
-                    _fmt_s(math.ceil(big[0] * 1.5)), _fmt_s(max(result.opts["hold_s"], math.ceil(big[0] * 3)))))
+                _tries_text({"trainer_ready_stall_s": math.ceil(big[0] * 1.5),
+                             "trainer_ready_hold_s": max(result.opts["hold_s"], math.ceil(big[0] * 3))}))
         elif stalled and result.at_end == "hang" and result.last_t is not None and result.at_t > result.last_t:
             add("(the capture)", "the log ends at line %d (t=%s s) and the replay goes on as a trainer that prints "
                 "nothing more: the proof fails such a stall; capture a longer log, or pass --at-end exit"

@@ -2,6 +2,7 @@
 play is one assert on its answer: does the run target at least one host, as its plays would see it."""
 
 
+from ansible_collections.dflash.trainer.plugins.module_utils._fix import extra_vars, fix_line
 from ansible_collections.dflash.trainer.plugins.plugin_utils._preload import preload_connection
 
 
@@ -12,8 +13,8 @@ def trainer_target_problem(pattern, play_pattern, matched, limit=None, sources=(
     --limit), ``sources`` the inventory sources."""
     if play_pattern != pattern:
         return ("trainer_target_hosts is '%s' in the inventory, but a play's hosts read only extra vars and would "
-                "act on '%s': pass it on the command line (-e trainer_target_hosts=%s) and drop it from the "
-                "inventory; nothing was deployed, restarted or read" % (pattern, play_pattern, pattern))
+                "act on '%s'; nothing was deployed, restarted or read. Drop it from the inventory and pass it on "
+                "the command line:%s" % (pattern, play_pattern, fix_line(extra_vars(("trainer_target_hosts", pattern)))))
     if not matched:
         return ("no host matched the pattern '%s'%s in the inventory %s: the playbooks act on the group trainer_hosts "
                 "(or -e trainer_target_hosts=PATTERN); nothing was deployed, restarted or read" % (

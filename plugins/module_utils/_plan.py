@@ -12,6 +12,7 @@ Pure: a table of what was read in, the plan out (tests/unit/test_plan.py).
 
 import math
 
+from ansible_collections.dflash.trainer.plugins.module_utils._fix import extra_vars, fix_line
 from ansible_collections.dflash.trainer.plugins.module_utils._install import change_reasons
 
 ENTRIES = ("deploy", "restart", "start", "rollback", "stop")
@@ -163,10 +164,13 @@ def decide(intent, status, install=None):
         target = intent.get("rollback_release") or status.get("last_good") or None
         releases = status.get("releases") or []
         if not target or target == current or target not in releases:
+            others = [r for r in releases if r != current]
             return _plan(entry, target, [], status, refused=(
-                "nothing to roll back to: current is %s, last good is %s; name a release with "
-                "-e trainer_rollback_release=<id> (releases, newest first: %s)"
-                % (current or "none", status.get("last_good") or "none", ", ".join(releases) or "none")))
+                "nothing to roll back to: current is %s, last good is %s; %s"
+                % (current or "none", status.get("last_good") or "none",
+                   "name one of the other releases (newest first: %s), the newest with:%s" % (
+                       ", ".join(others), fix_line(extra_vars(("trainer_rollback_release", others[0]))))
+                   if others else "no other release is on the target (releases: %s)" % (", ".join(releases) or "none"))))
         return _plan(entry, target, ["rollback from %s to %s" % (current or "none", target)], status)
     if not current:
         return _plan(entry, None, [], status, refused="nothing is deployed: no current release (run a deploy first)")

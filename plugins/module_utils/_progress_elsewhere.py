@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import stat
 
+from ansible_collections.dflash.trainer.plugins.module_utils._fix import extra_vars, fix_line
 from ansible_collections.dflash.trainer.plugins.module_utils._progress_file import trust_problem
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import json_record, looks_like_progress
 
@@ -147,7 +148,7 @@ def elsewhere_words(found):
     """The words that name where the progress is and the setting that reads it."""
     path, line = found
     return ("the trainer writes its progress to %s, not to this start's log (its last line there: %r): prove "
-            "from it with -e trainer_progress_path=%s" % (path, line, path))
+            "from it with:%s" % (path, line, fix_line(extra_vars(("trainer_progress_path", path)))))
 
 
 def log_shows_progress(log):

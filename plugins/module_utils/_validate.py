@@ -22,6 +22,7 @@ import os
 import posixpath
 import re
 import select
+import shlex
 import stat
 import subprocess
 import sys
@@ -30,6 +31,7 @@ import time
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.dflash.trainer.plugins.module_utils._config_id import unit_path_of
+from ansible_collections.dflash.trainer.plugins.module_utils._fix import fix_line
 from ansible_collections.dflash.trainer.plugins.module_utils._ownership import placement_problem, within
 from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import UNIT_ACCEPTED, Problem, _is_int, _number, _show
 from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
@@ -892,7 +894,8 @@ def group_problems(v, entry):
     if entry != "main":
         return [Problem("trainer_group", "makes this host a member of trainer group %s (%s), whose job restarts only "
                         "as one: a %s of one member is refused" % (name, ", ".join(members), entry),
-                        "deploy the whole group: deploy.yml -l %s (-e trainer_force_restart=true to restart it)" % name,
+                        "a deploy of the whole group (add -e trainer_force_restart=true to restart it):%s"
+                        % fix_line("ansible-playbook dflash.trainer.deploy -l %s" % shlex.quote(name)),
                         name)]
     return []
 

@@ -174,7 +174,9 @@ def test_progress_written_elsewhere_is_named_with_its_setting_long_before_the_de
     assert res.returncode != 0, out[-4000:]
     assert "not ready after 900 s" not in out, out[-4000:]
     assert "the trainer writes its progress to %s, not to this start's log" % JSONL in out, out[-4000:]
-    assert "prove from it with -e trainer_progress_path=%s" % JSONL in out, out[-4000:]
+    # the fix: a line of its own, pasted as is
+    assert "prove from it with:" in out and "-e trainer_progress_path=%s" % JSONL in [
+        line.strip() for line in res.stdout.splitlines()], res.stdout[-4000:]
     # the setting it named proves it
     res = play(inv_path, "deploy.yml", trainer_src=jsonl_src, trainer_progress_path=JSONL, trainer_force_restart=True)
     assert res.returncode == 0, res.stdout[-4000:]

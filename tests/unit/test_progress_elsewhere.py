@@ -124,7 +124,7 @@ def test_progress_elsewhere_is_named_while_waiting_and_fails_at_fail_after_s_wit
     log = started("training; progress is logged to /workspace/own/train.log")
     j = rd.Judge(rd.Expectations(invocation_id=INV, timeout_s=900.0), start=0.0)
     v = j.observe(snap(log, 30))
-    assert not v.done and "prove from it with -e trainer_progress_path=/workspace/own/train.log" in v.reason
+    assert not v.done and "prove from it with:\n    -e trainer_progress_path=/workspace/own/train.log" in v.reason
     v = j.observe(snap(log, pe.FAIL_AFTER_S - 1))
     assert not v.done
     v = j.observe(snap(log, pe.FAIL_AFTER_S))
