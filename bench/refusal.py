@@ -5,11 +5,12 @@
 time goes - the failed start's proof to its verdict, the rollback to the last good release, the whole
 ansible-playbook run.
 
-    python bench/refusal.py --label after [--reps 3] [--keep-lab]      # make bench-refusal
+    python bench/refusal.py --label after [--reps 3] [--results FILE] [--keep-lab]
 
 Container 520 (`lab.py up --fresh`), the role's default readiness settings (a 10 s hold, a 5 s stall
-window) and the stand-in trainer (examples/trainer) starting in 3 s, one progress line a second. A
-first deploy (not timed) proves a good release; then each repetition deploys a new release whose
+window) and the stand-in trainer (examples/trainer) starting in 3 s, one progress line a second; two
+cases: those defaults, and the same with a 30 s throughput window after the proof (trainer_measure_s). In
+each case a first deploy (not timed) proves a good release; then each repetition deploys a new release whose
 progress lines the proof cannot read (LOG_STYLE=iter with trainer_step_regex set to read `step=N` only):
 the proof's early word refuses it within the stall window and the restart job rolls back to the good
 release. Each repetition is checked: the play failed, the job rolled back, the good release runs again
@@ -32,6 +33,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.append(ROOT)  # dflash_trainer, also when the checkout is not pip-installed
 
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # benchlib
+
+import benchlib as bl  # noqa: E402
 from dflash_trainer.programs import ProgramNotFound, program_env, require_program  # noqa: E402
 
 CT = "520"
@@ -42,6 +46,8 @@ SETTINGS = {"trainer_ready_hold_s": 10, "trainer_ready_stall_s": 5, "trainer_rea
             "trainer_env": {"FAKE_TRAINER_STARTUP_S": "3"}, "trainer_target_hosts": "all"}
 # a step regex that reads `step=N` only: the bad release writes `iter N | ...`
 UNREADABLE = r"\bstep[=: ]\s*(\d+)"
+# the cases: the role's defaults, and a throughput window after the proof (trainer_measure_s)
+CASES = (("defaults", {}), ("trainer_measure_s=30", {"trainer_measure_s": 30}))
 # the figures, in the table's order: (key, what)
 FIGURES = (
     ("start_to_verdict_s", "the job's start to its verdict (the refusal)"),
@@ -85,16 +91,34 @@ def tree(base, name, rev, **knobs):
 
 
 def deploy(inv, src, **extra):
-    """(wall seconds, rc, stdout) of one deploy.yml run."""
+    """(wall seconds, rc, stdout: the json callback's document, stderr) of one deploy.yml run."""
     try:
         program = require_program("ansible-playbook")
     except ProgramNotFound as e:
         raise SystemExit("refusal: %s" % e) from None
-    env = program_env(program, dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1"))
+    env = program_env(program, dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                                    ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_VERBOSE_TO_STDERR="1"))
     argv = [program, "-i", inv, os.path.join(ROOT, "deploy.yml"), "-e", json.dumps(dict(SETTINGS, trainer_src=src, **extra))]
     began = time.monotonic()
     res = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
-    return time.monotonic() - began, res.returncode, res.stdout + res.stderr
+    return time.monotonic() - began, res.returncode, res.stdout, res.stderr
+
+
+def task_spans(out):
+    """[[task name, seconds from its start to its end]] of the run (ansible.posix.json's durations,
+    skipped tasks left out): where the run's time went outside the restart job."""
+    try:
+        doc = bl.json_document(out)
+    except ValueError:
+        return []
+    spans = []
+    for play_ in doc.get("plays", []):
+        for task in play_.get("tasks", []):
+            info, hosts = task.get("task", {}), task.get("hosts", {})
+            dur = info.get("duration", {})
+            if dur.get("start") and dur.get("end") and hosts and not all(r.get("skipped") for r in hosts.values()):
+                spans.append([info.get("name", ""), round(bl.parse_iso_utc(dur["end"]) - bl.parse_iso_utc(dur["start"]), 3)])
+    return spans
 
 
 def pct(*args):
@@ -155,60 +179,78 @@ def median_row(reps):
 
 
 def table(doc):
-    """Markdown: one row per figure, a column per label (before, after) - median (min)."""
+    """Markdown: a row per case and figure, a column per label (before, after) - median (min) - and the
+    change of the medians."""
     labels = [lab for lab in ("before", "after") if lab in doc] + sorted(set(doc) - {"before", "after"})
-    head = "| figure | %s |\n|---|%s\n" % (" | ".join(labels), "---|" * len(labels))
+    head = "| case | figure | %s |%s\n|---|---|%s%s\n" % (
+        " | ".join(labels), " change |" if len(labels) == 2 else "", "---|" * len(labels),
+        "---|" if len(labels) == 2 else "")
     rows = []
-    for key, what in FIGURES:
-        rows.append("| %s | %s |" % (what, " | ".join(
-            "%.1f s (%.1f)" % (doc[lab]["figures"][key]["median"], doc[lab]["figures"][key]["min"]) for lab in labels)))
-    notes = ["%s: commit %s, %d repetitions, median (min), %s, load %.1f before." % (
-        lab, doc[lab]["commit"], len(doc[lab]["reps"]), doc[lab]["when"], doc[lab]["load_before"]) for lab in labels]
+    for case, _extra in CASES:
+        for key, what in FIGURES:
+            cells = [doc[lab]["cases"].get(case, {}).get("figures", {}).get(key) for lab in labels]
+            change = ""
+            if len(labels) == 2:
+                change = " %s |" % ("%+.1f s" % (cells[1]["median"] - cells[0]["median"]) if all(cells) else "")
+            rows.append("| %s | %s | %s |%s" % (case, what, " | ".join(
+                "%.1f s (%.1f)" % (c["median"], c["min"]) if c else "-" for c in cells), change))
+    notes = ["%s: commit %s, %d repetitions each, %s, load average %.1f before." % (
+        lab, doc[lab]["commit"], doc[lab]["reps"], doc[lab]["when"], doc[lab]["load_before"]) for lab in labels]
     return head + "\n".join(rows) + "\n\n" + "\n".join("- " + n for n in notes) + "\n"
+
+
+def run_case(base, inv, case, extra, reps):
+    """The good release deployed (not timed), then ``reps`` refused releases -> the repetitions' figures."""
+    wall, rc, out, err = deploy(inv, tree(base, "good-" + case, "good " + case), **extra)
+    good = (job_state().get("result") or {}).get("release")
+    if rc != 0 or not good:
+        raise SystemExit("refusal: the good release's deploy failed:\n%s\n%s" % (out[-3000:], err[-2000:]))
+    log("%s: good release %s proved in %.1f s" % (case, good, wall))
+    got = []
+    for i in range(reps):
+        name = "bad-%s-%d" % (case, i)
+        wall, rc, out, err = deploy(inv, tree(base, name, name, LOG_STYLE="iter"), trainer_step_regex=UNREADABLE, **extra)
+        state = job_state()
+        problems = check(rc, out + err, state, good)
+        if problems:
+            raise SystemExit("refusal: %s, repetition %d:\n%s" % (case, i + 1, "\n".join(problems)))
+        figures = dict(timeline_figures(state["timeline"]), run_s=round(wall, 2))
+        figures.update(timeline=state["timeline"], tasks=task_spans(out))
+        log("%s, repetition %d: %s" % (case, i + 1, ", ".join("%s %.1f s" % (k, figures[k]) for k, _w in FIGURES)))
+        got.append(figures)
+    return got
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--label", required=True, help="before or after (a change), the key of the results")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--results", default=RESULTS, help="the results file to add the run to (default: %(default)s)")
     p.add_argument("--keep-lab", action="store_true")
     args = p.parse_args(argv)
     load = os.getloadavg()[0]
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     pct("rm", "-rf", "/opt/dflash-trainer")
-    reps = []
+    cases = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-refusal-") as base:
             inv = inventory(os.path.join(base, "hosts.json"))
-            wall, rc, out = deploy(inv, tree(base, "good", "good"))
-            good = (job_state().get("result") or {}).get("release")
-            if rc != 0 or not good:
-                raise SystemExit("refusal: the good release's deploy failed:\n%s" % out[-3000:])
-            log("good release %s proved in %.1f s" % (good, wall))
-            for i in range(args.reps):
-                wall, rc, out = deploy(inv, tree(base, "bad%d" % i, "bad%d" % i, LOG_STYLE="iter"),
-                                       trainer_step_regex=UNREADABLE)
-                state = job_state()
-                problems = check(rc, out, state, good)
-                if problems:
-                    raise SystemExit("refusal: repetition %d:\n%s" % (i + 1, "\n".join(problems)))
-                figures = dict(timeline_figures(state["timeline"]), run_s=round(wall, 2))
-                figures["timeline"] = state["timeline"]
-                log("repetition %d: %s" % (i + 1, ", ".join("%s %.1f s" % (k, figures[k]) for k, _w in FIGURES)))
-                reps.append(figures)
+            for case, extra in CASES:
+                reps = run_case(base, inv, case, extra, args.reps)
+                cases[case] = {"settings": dict(SETTINGS, trainer_step_regex=UNREADABLE, **extra),
+                               "figures": median_row(reps), "reps": reps}
     finally:
         if not args.keep_lab:
             subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "down", "--ids", CT],
                            check=False, stdout=subprocess.DEVNULL)
     doc = {}
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as fh:
+    if os.path.exists(args.results):
+        with open(args.results) as fh:
             doc = json.load(fh)
     doc[args.label] = {"commit": commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "load_before": round(load, 2), "settings": dict(SETTINGS, trainer_step_regex=UNREADABLE),
-                       "figures": median_row(reps), "reps": reps}
-    with open(RESULTS, "w") as fh:
+                       "load_before": round(load, 2), "reps": args.reps, "cases": cases}
+    with open(args.results, "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
         fh.write("\n")
     sys.stdout.write(table(doc))

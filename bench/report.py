@@ -8,7 +8,7 @@
 
 Each table sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``; NAME is a results
 file (``field.json``, ``group-<date>.json``: the newest of a glob) rendered by the bench that wrote it
-(bench/field.py's ``table``, bench/group.py's ``table``). tests/unit/test_bench_report.py keeps the
+(bench/field.py's ``table``, bench/group.py's ``table``, bench/refusal.py's ``table``). tests/unit/test_bench_report.py keeps the
 README equal to the files, so a figure in it is always the one a run measured.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 
 import field  # noqa: E402  (bench/field.py)
 import group  # noqa: E402  (bench/group.py)
+import refusal  # noqa: E402  (bench/refusal.py)
 
 README = os.path.join(HERE, "README.md")
 RESULTS = os.path.join(HERE, "results")
@@ -43,7 +44,14 @@ def _group(doc):
         m["ansible_core"], m["load_before"][0], m["load_after"][0])
 
 
-RENDER = {"field.json": _field, "group-*.json": _group}
+def _refusal(doc):
+    return "%s\nMade by `%s` on the code before the change (a checkout of that commit, `--results` pointing here)\n" \
+           "and `%s` on the change.\n" % (
+               refusal.table(doc), "python bench/refusal.py --label before --results bench/results/refusal.json",
+               "python bench/refusal.py --label after")
+
+
+RENDER = {"field.json": _field, "group-*.json": _group, "refusal.json": _refusal}
 
 
 def results_file(name, results=RESULTS):

@@ -26,6 +26,8 @@ def test_a_changed_figure_is_caught(tmp_path):
     (tmp_path / "field.json").write_text(json.dumps(doc))
     with open(report.results_file("group-*.json")) as fh:
         (tmp_path / "group-2000-01-01.json").write_text(fh.read())
+    with open(report.results_file("refusal.json")) as fh:
+        (tmp_path / "refusal.json").write_text(fh.read())
     with open(report.README) as fh:
         text = fh.read()
     assert report.render(text, str(tmp_path)) != text
