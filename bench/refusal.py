@@ -38,7 +38,7 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # benchlib
 import benchlib as bl  # noqa: E402
 from dflash_trainer.programs import ProgramNotFound, program_env, require_program  # noqa: E402
 
-CT = "520"
+CT = "520"  # --ct: 521 for a second run at the same time (the code before a change, beside the change)
 RESULTS = os.path.join(ROOT, "bench", "results", "refusal.json")
 STATE = "/var/lib/dflash-trainer/restart.json"  # trainer_job_state_path's default
 # the role's readiness defaults, stated so that a change of them shows in the results
@@ -178,6 +178,20 @@ def median_row(reps):
                   "min": round(min(r[key] for r in reps), 2)} for key, _what in FIGURES}
 
 
+# derived from every repetition's own figures when the table is rendered: the rest of the run
+OUTSIDE = (("outside_s", "the run outside the job: Ansible, the first read, the upload, the pre-flight"),)
+
+
+def cell(case, key):
+    """{median, min} of figure ``key`` of a case's results (None without them)."""
+    if not case:
+        return None
+    if key == "outside_s":
+        values = [r["run_s"] - r["job_s"] for r in case["reps"]]
+        return {"median": statistics.median(values), "min": min(values)}
+    return case["figures"].get(key)
+
+
 def table(doc):
     """Markdown: a row per case and figure, a column per label (before, after) - median (min) - and the
     change of the medians."""
@@ -187,15 +201,16 @@ def table(doc):
         "---|" if len(labels) == 2 else "")
     rows = []
     for case, _extra in CASES:
-        for key, what in FIGURES:
-            cells = [doc[lab]["cases"].get(case, {}).get("figures", {}).get(key) for lab in labels]
+        for key, what in FIGURES + OUTSIDE:
+            cells = [cell(doc[lab]["cases"].get(case), key) for lab in labels]
             change = ""
             if len(labels) == 2:
                 change = " %s |" % ("%+.1f s" % (cells[1]["median"] - cells[0]["median"]) if all(cells) else "")
             rows.append("| %s | %s | %s |%s" % (case, what, " | ".join(
                 "%.1f s (%.1f)" % (c["median"], c["min"]) if c else "-" for c in cells), change))
-    notes = ["%s: commit %s, %d repetitions each, %s, load average %.1f before." % (
-        lab, doc[lab]["commit"], doc[lab]["reps"], doc[lab]["when"], doc[lab]["load_before"]) for lab in labels]
+    notes = ["%s: commit %s, container %s, %d repetitions each, ended %s, load average %.1f before / %.1f after." % (
+        lab, doc[lab]["commit"], doc[lab].get("container", CT), doc[lab]["reps"], doc[lab]["when"],
+        doc[lab]["load_before"], doc[lab].get("load_after", float("nan"))) for lab in labels]
     return head + "\n".join(rows) + "\n\n" + "\n".join("- " + n for n in notes) + "\n"
 
 
@@ -226,8 +241,11 @@ def main(argv=None):
     p.add_argument("--label", required=True, help="before or after (a change), the key of the results")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--results", default=RESULTS, help="the results file to add the run to (default: %(default)s)")
+    p.add_argument("--ct", default=CT, help="the lab container (default: %(default)s)")
     p.add_argument("--keep-lab", action="store_true")
     args = p.parse_args(argv)
+    global CT  # pylint: disable=global-statement  # the one container every helper reaches
+    CT = args.ct
     load = os.getloadavg()[0]
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
@@ -244,12 +262,14 @@ def main(argv=None):
         if not args.keep_lab:
             subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "down", "--ids", CT],
                            check=False, stdout=subprocess.DEVNULL)
+    # another run may have written the file meanwhile (two at once, on two containers): read it again
     doc = {}
     if os.path.exists(args.results):
         with open(args.results) as fh:
             doc = json.load(fh)
     doc[args.label] = {"commit": commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "load_before": round(load, 2), "reps": args.reps, "cases": cases}
+                       "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
+                       "container": CT, "reps": args.reps, "cases": cases}
     with open(args.results, "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
         fh.write("\n")

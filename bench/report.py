@@ -45,9 +45,9 @@ def _group(doc):
 
 
 def _refusal(doc):
-    return "%s\nMade by `%s` on the code before the change (a checkout of that commit, `--results` pointing here)\n" \
-           "and `%s` on the change.\n" % (
-               refusal.table(doc), "python bench/refusal.py --label before --results bench/results/refusal.json",
+    return "%s\nMade by two runs at the same time, so that both saw the same load: `%s` in a checkout of the\n" \
+           "commit before the change (its --results pointing at this checkout's file) and `%s` here.\n" % (
+               refusal.table(doc), "python bench/refusal.py --label before --ct 521 --results .../refusal.json",
                "python bench/refusal.py --label after")
 
 
