@@ -237,6 +237,7 @@ def run_case(base, inv, case, extra, reps):
 
 
 def main(argv=None):
+    global CT  # pylint: disable=global-statement  # the one container every helper reaches
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--label", required=True, help="before or after (a change), the key of the results")
     p.add_argument("--reps", type=int, default=3)
@@ -244,7 +245,6 @@ def main(argv=None):
     p.add_argument("--ct", default=CT, help="the lab container (default: %(default)s)")
     p.add_argument("--keep-lab", action="store_true")
     args = p.parse_args(argv)
-    global CT  # pylint: disable=global-statement  # the one container every helper reaches
     CT = args.ct
     load = os.getloadavg()[0]
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],

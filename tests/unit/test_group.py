@@ -93,7 +93,7 @@ def test_a_member_is_deployed_only_with_its_group():
     assert group_problems(dict(v, trainer_group=""), "restart") == []
     (p,) = group_problems(v, "restart")
     assert p.variable == "trainer_group" and "a restart of one member is refused" in str(p)
-    assert "deploy.yml -l dist" in str(p)
+    assert "\n    ansible-playbook dflash.trainer.deploy -l dist" in str(p)  # the fix: a line of its own
     assert "names no inventory group" in str(group_problems(dict(v, trainer_group="nope"), "main")[0])
     assert "this host is not in" in str(group_problems(dict(v, inventory_hostname="g9"), "main")[0])
 
