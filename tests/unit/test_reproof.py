@@ -99,4 +99,3 @@ def test_a_restore_of_the_release_that_ran_is_re_proved_and_a_failed_reproof_is_
     assert steps.reproofs == [False, True]
     assert not res["ok"] and res["rollback_failure"] == "stalled at step 2" and "FAILED as well" in res["outcome"]
     assert not isinstance(res.get("rollback_proof"), dict) or not res["rollback_proof"]
-
