@@ -168,8 +168,8 @@ def check(rc, out, state, good_release):
 def commit():
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-    # what the run measured: the collection's code (a change of the bench itself or its results is not one)
-    dirty = git("status", "--porcelain", "--", ".", ":!bench")
+    # what the run measured: the collection's code (a change of the bench, its results or the docs is not one)
+    dirty = git("status", "--porcelain", "--", ".", ":!bench", ":!docs", ":!*.md")
     return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if dirty else "")
 
 
@@ -246,7 +246,7 @@ def main(argv=None):
     p.add_argument("--keep-lab", action="store_true")
     args = p.parse_args(argv)
     CT = args.ct
-    load = os.getloadavg()[0]
+    load, code = os.getloadavg()[0], commit()  # the code as the run starts: what it measures
     subprocess.run([sys.executable, os.path.join(ROOT, "lab", "lab.py"), "up", "--fresh", "--ids", CT],
                    check=True, stdout=subprocess.DEVNULL)
     pct("rm", "-rf", "/opt/dflash-trainer")
@@ -267,7 +267,7 @@ def main(argv=None):
     if os.path.exists(args.results):
         with open(args.results) as fh:
             doc = json.load(fh)
-    doc[args.label] = {"commit": commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc[args.label] = {"commit": code, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
                        "container": CT, "reps": args.reps, "cases": cases}
     with open(args.results, "w") as fh:
