@@ -1022,13 +1022,16 @@ def proxmox_cgroup_lines(vmid):
 
 
 def running_cgroup(vmid):
-    """The cgroup path of the container's init, as the node's /proc shows it (the unified line), or None."""
+    """The cgroup path of the container's init, as the node's /proc shows it: the unified line (cgroup v2, a
+    hybrid host), else the v1 freezer's; None when it is not running."""
     pid = subprocess.run(["lxc-info", "-n", vmid, "-p", "-H"], capture_output=True, text=True, check=False).stdout.strip()
     try:
         with open("/proc/%s/cgroup" % pid) as fh:
-            return next((line.split(":", 2)[2].strip() for line in fh if line.startswith("0::")), None)
+            rows = [line.rstrip("\n").split(":", 2) for line in fh if line.count(":") >= 2]
     except OSError:
         return None
+    paths = {hier: path for _n, hier, path in rows}
+    return paths.get("", paths.get("freezer"))
 
 
 def set_cgroup_layout(layout, ids):
