@@ -38,6 +38,8 @@ What `up` builds (all real parts, only the GPU is simulated):
     python3 lab/lab.py node-gpus [--ids 231 232]  # containers whose GPUs are the node's (lab/node.py)
     python3 lab/lab.py torch --ids 300           # real PyTorch (CPU) in a container (issue 15 item 4)
     python3 lab/lab.py group --name g1 --ids 330 331 [--fresh]  # containers sharing /mnt/dflash-rdzv
+    python3 lab/lab.py cgroup-layout proxmox|lxc --ids 540  # cgroups in lxc/<vmid>/ns as Proxmox VE's, or lxc.payload.<vmid>
+    python3 lab/lab.py bind --source /srv/logs --target /mnt/logs --ids 542 [--remove]  # a node dir, not id-mapped
 """
 import argparse
 import fcntl
@@ -983,6 +985,95 @@ def group_up(name, ids, fresh=False):
     log("group %s: containers %s share %s at /%s" % (name, " ".join(ids), path, RDZV_MOUNT))
 
 
+# -- a container's LXC config lines of the lab's subcommands (cgroup-layout, bind): applied at the next start --
+def set_extra_lines(vmid, drop, add):
+    """The container's extra LXC config without the lines ``drop(line)`` selects, plus ``add`` (lines, each
+    ending in a newline); True when it changed (a running container takes it at its next start)."""
+    if not container_kind(vmid):
+        raise SystemExit("lab: no lab container %s" % vmid)
+    have = extra_config(vmid)
+    kept = [x if x.endswith("\n") else x + "\n" for x in have.splitlines(True) if not drop(x)]
+    want = "".join(kept + add)
+    if want == have:
+        return False
+    write_text(extra_config_path(vmid), want)
+    return True
+
+
+def restart_changed(changed):
+    """Containers whose LXC config changed, brought up with it: a running one is stopped first (its layout and
+    its mounts apply only at a start)."""
+    for vmid in changed:
+        if lxc_running(vmid):
+            log("container %s: restarting it with its new LXC config" % vmid)
+            run(["lxc-stop", "-n", vmid, "-t", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# Proxmox VE's cgroup layout for a container (pve-container, src/PVE/LXC.pm update_lxc_config, for LXC >= 4): the
+# monitor in lxc.monitor/<vmid>, the container in lxc/<vmid>, its own init and everything under it one level
+# deeper, in lxc/<vmid>/ns (lxc.cgroup.dir.container.inner: a cgroup namespace the container cannot climb out of).
+# Plain LXC (the lab's default) puts it in lxc.payload.<vmid> (lxc.monitor.<vmid> for the monitor).
+CGROUP_KEYS = ("lxc.cgroup.relative", "lxc.cgroup.dir.")
+
+
+def proxmox_cgroup_lines(vmid):
+    return ["lxc.cgroup.relative = 0\n", "lxc.cgroup.dir.monitor = lxc.monitor/%s\n" % vmid,
+            "lxc.cgroup.dir.container = lxc/%s\n" % vmid, "lxc.cgroup.dir.container.inner = ns\n"]
+
+
+def running_cgroup(vmid):
+    """The cgroup path of the container's init, as the node's /proc shows it: the unified line (cgroup v2, a
+    hybrid host), else the v1 freezer's; None when it is not running."""
+    pid = subprocess.run(["lxc-info", "-n", vmid, "-p", "-H"], capture_output=True, text=True, check=False).stdout.strip()
+    try:
+        with open("/proc/%s/cgroup" % pid) as fh:
+            rows = [line.rstrip("\n").split(":", 2) for line in fh if line.count(":") >= 2]
+    except OSError:
+        return None
+    paths = {hier: path for _n, hier, path in rows}
+    return paths.get("", paths.get("freezer"))
+
+
+def set_cgroup_layout(layout, ids):
+    """`lab.py cgroup-layout proxmox|lxc`: the containers' cgroups where Proxmox VE puts them (lxc/<vmid>/ns) or
+    where plain LXC does (lxc.payload.<vmid>); LXC itself makes them at the container's (re)start."""
+    version = subprocess.run(["lxc-start", "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    if layout == "proxmox" and not re.match(r"^([4-9]|\d\d+)\.", version):
+        raise SystemExit("lab: LXC %s has no lxc.cgroup.dir.container (LXC 4.0 or later): no Proxmox layout" % version)
+    changed = [vmid for vmid in ids
+               if set_extra_lines(vmid, lambda x: x.startswith(CGROUP_KEYS),
+                                  proxmox_cgroup_lines(vmid) if layout == "proxmox" else [])]
+    restart_changed(changed)
+    up(ids)
+    for vmid in ids:
+        path = running_cgroup(vmid) or ""
+        want = "/lxc/%s/ns/" % vmid if layout == "proxmox" else "/lxc.payload.%s" % vmid
+        if not path.startswith(want):
+            raise SystemExit("lab: container %s runs in cgroup %r, not under %s" % (vmid, path, want))
+        log("container %s: %s layout, init in cgroup %s" % (vmid, layout, path))
+
+
+def bind_line(source, target):
+    return "lxc.mount.entry = %s %s none bind,rw,create=dir 0 0\n" % (source, target)
+
+
+def set_bind(source, target, ids, remove=False):
+    """`lab.py bind`: the node's directory ``source`` bind-mounted at /``target`` in the containers, as a Proxmox
+    mount point of a node path (`mpN: /node/dir,mp=/target`) - not id-mapped: in an unprivileged container a
+    node file whose owner its id map does not cover (the node's root) shows as nobody (uid 65534)."""
+    target = target.strip("/")
+    if not os.path.isabs(source) or not os.path.isdir(source) or any(c.isspace() for c in source + target):
+        raise SystemExit("lab: bind needs an existing absolute node directory and a target, without spaces")
+    if not target or ".." in target.split("/"):
+        raise SystemExit("lab: invalid bind target %r" % target)
+    changed = [vmid for vmid in ids
+               if set_extra_lines(vmid, lambda x: x.startswith("lxc.mount.entry") and (" %s " % target) in x,
+                                  [] if remove else [bind_line(source, target)])]
+    restart_changed(changed)
+    up(ids)
+    log("containers %s: %s %s /%s" % (" ".join(ids), source, "unbound from" if remove else "bound at", target))
+
+
 def status():
     for vmid in lab_ids():
         print("%s %s %s" % (vmid, "running" if lxc_running(vmid) else "stopped", container_kind(vmid)))
@@ -1040,6 +1131,18 @@ def main(argv=None):
     g = sub.add_parser("node-gpus", help="containers whose simulated GPUs are the node's (its nvidia-smi shows "
                                          "their holders under host PIDs); no --ids: none")
     g.add_argument("--ids", nargs="*", default=[])
+    cg = sub.add_parser("cgroup-layout", help="where LXC puts these containers' cgroups from their next start on: "
+                                              "proxmox - lxc/<vmid>/ns, as Proxmox VE's pve-container configures LXC "
+                                              "(lxc.cgroup.dir.container, .inner); lxc - lxc.payload.<vmid> (the default); "
+                                              "a running container is restarted")
+    cg.add_argument("layout", choices=("proxmox", "lxc"))
+    cg.add_argument("--ids", nargs="+", required=True)
+    bd = sub.add_parser("bind", help="a node directory bind-mounted into these containers, not id-mapped (a Proxmox "
+                                     "mount point of a node path); a running container is restarted")
+    bd.add_argument("--source", required=True, help="the node's directory (absolute)")
+    bd.add_argument("--target", required=True, help="where the containers see it, e.g. /mnt/logs")
+    bd.add_argument("--ids", nargs="+", required=True)
+    bd.add_argument("--remove", action="store_true", help="the mount at --target taken out again")
     t = sub.add_parser("torch", help="real PyTorch (CPU) in these containers: a venv built once on the host, "
                                      "bind-mounted read-only at /%s, and a C++ compiler, the Python headers and "
                                      "openssl from .debs fetched on the host" % TORCH_MOUNT)
@@ -1052,7 +1155,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("lab: must run as root (LXC containers, /usr/sbin/pct, sshd)")
-    if args.cmd in ("up", "down", "allow", "delay", "node-gpus", "torch", "group", "pct-errno", "lock", "dev-nodes") and args.ids:
+    if args.cmd in ("up", "down", "allow", "delay", "node-gpus", "torch", "group", "pct-errno", "lock", "dev-nodes", "cgroup-layout", "bind") and args.ids:
         bad = [i for i in args.ids if not i.isdigit() or not 100 <= int(i) <= 999999999]
         if bad:
             raise SystemExit("lab: invalid container id(s) %s: Proxmox ids are integers >= 100" % ", ".join(bad))
@@ -1083,6 +1186,10 @@ def run_command(args):
         set_dev_nodes(args.ids, args.missing)
     elif args.cmd == "lock":
         set_lock(args.name, args.ids)
+    elif args.cmd == "cgroup-layout":
+        set_cgroup_layout(args.layout, args.ids)
+    elif args.cmd == "bind":
+        set_bind(args.source, args.target, args.ids, args.remove)
     elif args.cmd == "delay":
         if args.seconds < 0:
             raise SystemExit("lab: the delay is seconds >= 0")

@@ -16,9 +16,18 @@ display = Display()
 
 class ActionModule(KeptPayload, NormalAction):
     """dflash.trainer.trainer_begin, run as ansible.builtin.normal runs a module; the phases of a restart job
-    it started (and watched for its first wait) said as the watch says them."""
+    it started (and watched for its first wait) said as the watch says them. Its call fails at once, naming the
+    freeze, when the container is frozen (the pct connection's frozen_check)."""
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
+        # the deploy's first contact: a frozen container is named, not waited for (connection dflash.trainer.pct)
+        checks = hasattr(self._connection, "frozen_check")
+        if checks:
+            self._connection.frozen_check = True
+        try:
+            result = super().run(tmp, task_vars)
+        finally:
+            if checks:
+                self._connection.frozen_check = False
         say_start(display, (task_vars or {}).get("inventory_hostname", "?"), result.get("job_start"))
         return result

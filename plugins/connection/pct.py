@@ -28,6 +28,11 @@ description:
     (removed from what the task sees); once it has, the exit status and the texts are the
     command's own, whatever they say - 255, an C(ssh) or a C(sudo:) error of a command run in
     the container included - and are returned to the task.
+  - The first read of a deploy (C(trainer_begin)) holds its input back until its call reaches the
+    container; a call that has not after 5 s asks the node for the container's freezer state, and a
+    frozen container (a suspend-mode backup, C(lxc-freeze)) fails it at once, UNREACHABLE, naming
+    the freeze and the remedy (C(pct resume VMID)). Its command never got its input and runs nothing
+    when the container thaws.
   - The host key is checked (C(StrictHostKeyChecking=yes)) unless O(host_key_checking=false);
     O(known_hosts_file) names the file that holds it.
   - With O(pct_local=true), Ansible runs on the Proxmox host itself and C(pct) is run directly.
@@ -353,6 +358,8 @@ from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _freezer
+
 display = Display()
 
 # The first thing every call prints in the container, on stderr: a call whose stderr has this
@@ -377,6 +384,11 @@ COPY_CHUNK = 1024 * 1024
 # how often a waiting call checks that ansible-playbook (the worker's parent) still lives
 ORPHAN_CHECK_S = 0.5
 SIZE_MARK = re.compile(r"^dflash-pct-size\s+(\d+)\s*$", re.M)
+# A first read (an action that sets Connection.frozen_check) whose call has not reached the container (no
+# STARTED_MARK) after this many seconds asks the node whether the container is frozen - pct exec waits in a frozen
+# container until it thaws - then again after twice as long, and so on; reading the node is bounded by FROZEN_READ_S.
+FROZEN_CHECK_S = 5.0
+FROZEN_READ_S = 30
 
 # stderr of `ssh` itself when it cannot reach or log into the host (exit 255).
 _SSH_UNREACHABLE = re.compile(
@@ -520,6 +532,9 @@ class Connection(ConnectionBase):
 
     transport = 'dflash.trainer.pct'
     has_pipelining = True
+    # set by the first read's action for its own call (trainer_begin): its input is held back until the call has
+    # reached the container, and a call that has not after FROZEN_CHECK_S fails when the container is frozen
+    frozen_check = False
 
     # ---- options -------------------------------------------------------------------------
     @property
@@ -622,8 +637,11 @@ class Connection(ConnectionBase):
             self._connected = True
         return self
 
-    def _run(self, argv: list[str], what: str, stdin=None, stdout=subprocess.PIPE, in_data: bytes | None = None):
-        """Run argv in its own process group, bounded by pct_command_timeout. -> (rc, out, err)."""
+    def _run(self, argv: list[str], what: str, stdin=None, stdout=subprocess.PIPE, in_data: bytes | None = None,
+             frozen_check: bool = False):
+        """Run argv in its own process group, bounded by pct_command_timeout. -> (rc, out, err).
+
+        ``frozen_check`` (a call that prints STARTED_MARK): see Connection.frozen_check."""
         timeout = self._timeout()
         display.vvv("PCT EXEC %s" % shlex.join(argv), host=self._host)
         if in_data is not None:
@@ -650,7 +668,7 @@ class Connection(ConnectionBase):
             if pumps:
                 out, err = self._pump(proc, pumps, timeout)
             else:
-                out, err = self._communicate(proc, in_data, timeout, what)
+                out, err = self._communicate(proc, in_data, timeout, what, frozen_check)
         except subprocess.TimeoutExpired:
             self._kill(proc)
             raise AnsibleConnectionFailure(
@@ -665,14 +683,20 @@ class Connection(ConnectionBase):
         self._raise_for_transport(rc, err, started)
         return rc, out, err
 
-    def _communicate(self, proc: subprocess.Popen, in_data: bytes | None, timeout: float, what: str):
+    def _communicate(self, proc: subprocess.Popen, in_data: bytes | None, timeout: float, what: str,
+                     frozen_check: bool = False):
         """proc.communicate(), bounded by ``timeout``, that gives up when the play is gone.
 
         This runs in an Ansible worker, a child of ansible-playbook in a session of its own: a
         killed ansible-playbook leaves it running, and its ssh mux client's remote command goes on
         (the ControlMaster holds its pipes) - a module renewing the play's deploy lock would keep
         it forever. Once the worker's parent is gone the call is killed and its pipes closed: the
-        remote command's output then has no reader, which it notices (_lock.output_read)."""
+        remote command's output then has no reader, which it notices (_lock.output_read).
+
+        ``frozen_check``: ``in_data`` is held back until the call has reached the container (its STARTED_MARK on
+        stderr), and while it has not, the node is asked after FROZEN_CHECK_S (then twice as long, ...) whether
+        the container is frozen: a frozen one fails the call at once (killed; the command, which never got its
+        input, runs nothing when the container thaws)."""
         # Popen.communicate() cannot be retried after a timeout while input is still being sent (it
         # stops writing it): one selector loop serves the pipes, in rounds of ORPHAN_CHECK_S. No
         # thread ever blocks on a pipe, so _kill can close them at once.
@@ -681,19 +705,29 @@ class Connection(ConnectionBase):
         # stdout or stdin may be a file of a put or fetch (then not ours to serve)
         chunks = {pipe: [] for pipe in (proc.stdout, proc.stderr) if pipe is not None}
         pending = memoryview(in_data or b'')
+        held, check_s = frozen_check, FROZEN_CHECK_S
+        check_at = time.monotonic() + check_s
         with selectors.DefaultSelector() as sel:
             for pipe in chunks:
                 sel.register(pipe, selectors.EVENT_READ)
             if proc.stdin is not None:
                 if pending:
                     os.set_blocking(proc.stdin.fileno(), False)
-                    sel.register(proc.stdin, selectors.EVENT_WRITE)
+                    if not held:
+                        sel.register(proc.stdin, selectors.EVENT_WRITE)
                 else:
                     proc.stdin.close()
             while sel.get_map():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise subprocess.TimeoutExpired(proc.args, timeout)
+                if held and time.monotonic() >= check_at:
+                    frozen = self._frozen()
+                    if frozen:
+                        self._kill(proc)
+                        raise AnsibleConnectionFailure(frozen)
+                    check_s *= 2
+                    check_at = time.monotonic() + check_s
                 if os.getppid() != parent:
                     self._kill(proc)
                     raise AnsibleConnectionFailure("ansible-playbook is gone: %s in container %s on %s abandoned"
@@ -713,9 +747,15 @@ class Connection(ConnectionBase):
                     data = os.read(key.fd, COPY_CHUNK)
                     if data:
                         chunks[key.fileobj].append(data)
+                        if held and key.fileobj is proc.stderr and _STARTED.search(b''.join(chunks[proc.stderr])):
+                            held = False  # in the container: its input goes now
+                            if pending:
+                                sel.register(proc.stdin, selectors.EVENT_WRITE)
                     else:
                         sel.unregister(key.fileobj)
                         key.fileobj.close()
+        if proc.stdin is not None and not proc.stdin.closed:  # held back from a call that ended before the mark
+            proc.stdin.close()
         proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         return (b''.join(chunks[proc.stdout]) if proc.stdout is not None else None), b''.join(chunks[proc.stderr])
 
@@ -769,6 +809,24 @@ class Connection(ConnectionBase):
                     pass
         proc.wait()
 
+    def _frozen(self) -> str | None:
+        """Words for the container frozen, read on the node (its cgroup's freezer state, _freezer), or None: not
+        frozen, or the node would not say within FROZEN_READ_S."""
+        vmid = self._vmid
+        argv = self._build_ssh_argv(_freezer.cgroup_argv(vmid))
+        display.vvv("PCT FROZEN? %s" % shlex.join(argv), host=self._host)
+        try:
+            res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=FROZEN_READ_S,
+                                 check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        frozen = _freezer.cgroups(to_text(res.stdout, errors='surrogate_or_replace'))[1]
+        if not frozen:
+            return None
+        return ("container %s is frozen on %s (%s): pct exec waits in it until it thaws, so nothing was run in it - %s"
+                % (vmid, "this host (local pct)" if self.get_option('pct_local') else self._host, frozen[0],
+                   _freezer.remedy(vmid)))
+
     def _raise_for_transport(self, rc: int, err: bytes, started: bool) -> None:
         if started or rc == 0:
             return
@@ -782,7 +840,8 @@ class Connection(ConnectionBase):
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
         tty = bool(self.get_option('pct_tty')) and in_data is None
         argv = self._build_ssh_argv(self._build_remote_command(to_text(cmd), tty=tty), tty=tty)
-        return self._run(argv, to_text(cmd), in_data=in_data)
+        return self._run(argv, to_text(cmd), in_data=in_data,
+                         frozen_check=self.frozen_check and not tty and not self.get_option('pct_node'))
 
     def put_file(self, in_path: str, out_path: str) -> None:
         super().put_file(in_path, out_path)

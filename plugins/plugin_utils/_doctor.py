@@ -25,6 +25,7 @@ from ansible_collections.dflash.trainer.plugins.connection.pct import pct_refusa
 from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi
 from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import in_container
 from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _freezer
 
 OK, BAD, UNKNOWN = "✓", "✗", "?"
 # exit codes as dflash_trainer/results.py's: 0 every assumption holds, 1 one does not, 3 the node unreachable
@@ -45,20 +46,6 @@ def _q(*argv):
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-# the container's cgroup on the node, as Proxmox VE writes it (lxc.cgroup.dir.container lxc/<vmid>, .inner ns)
-# and as plain LXC does (lxc.payload.<vmid>); each one found, in the unified hierarchy (cgroup v2, or a hybrid
-# host's /sys/fs/cgroup/unified) and the v1 freezer's: its path, then its cgroup.events or its freezer.state -
-# files every user may read (no sudo). "frozen 1" or FROZEN: the container is frozen (a suspend-mode backup,
-# lxc-freeze) and pct exec would hang in it.
-_CGROUP = ('for p in lxc/"$1" lxc/"$1"/ns lxc.payload."$1"; do '
-           'for d in /sys/fs/cgroup/"$p" /sys/fs/cgroup/unified/"$p"; do '
-           '[ -r "$d/cgroup.events" ] && { echo "cgroup $d"; cat "$d/cgroup.events"; }; done; '
-           'f=/sys/fs/cgroup/freezer/"$p"; '
-           '[ -r "$f/freezer.state" ] && { echo "cgroup $f"; echo "freezer.state $(cat "$f/freezer.state")"; }; '
-           'done; true')
-_FROZEN_ROWS = ("frozen 1", "freezer.state FROZEN", "freezer.state FREEZING")
-
-
 def node_script(vmid, pct_path="/usr/sbin/pct", sudo=False, node_nvidia_smi="nvidia-smi"):
     """The shell script run on the node (as the ssh user, no sudo of ours but pct's)."""
     pct = ["sudo", "-n", pct_path] if sudo else [pct_path]
@@ -66,7 +53,7 @@ def node_script(vmid, pct_path="/usr/sbin/pct", sudo=False, node_nvidia_smi="nvi
     if sudo:
         parts.append("s sudo sudo -n -l %s; " % _q(pct_path))
     parts += ["s version pveversion; ", "s status %s; " % _q(*pct + ["status", vmid]),
-              "s list %s; " % _q(*pct + ["list"]), "s cgroup sh -c %s sh %s; " % (_q(_CGROUP), _q(vmid)),
+              "s list %s; " % _q(*pct + ["list"]), "s cgroup %s; " % _q(*_freezer.cgroup_argv(vmid)),
               "s nodesmi %s; " % _q(*_nvidia_smi.list_argv(node_nvidia_smi)), "true"]
     return "".join(parts)
 
@@ -211,7 +198,7 @@ def judge_cgroup(sec, vmid):
     """The container's cgroup on the node: found where the node view looks for it (Proxmox's lxc/<vmid>/ns,
     plain LXC's lxc.payload.<vmid>), and not frozen."""
     rc, text = sec.get("cgroup", (None, ""))
-    found, frozen = _cgroups(text)
+    found, frozen = _freezer.cgroups(text)
     if rc is None:
         return check("cgroup", UNKNOWN, "not read")
     if frozen:
@@ -399,19 +386,7 @@ def enter(node):
     node = node or {}
     if node.get("unreachable"):
         return False
-    return not _cgroups(sections(node.get("stdout")).get("cgroup", (None, ""))[1])[1]
-
-
-def _cgroups(text):
-    """([the container's cgroups found], [those frozen]) from the node's cgroup section."""
-    found, frozen, current = [], [], None
-    for row in (text or "").splitlines():
-        if row.startswith("cgroup "):
-            current = row[len("cgroup "):]
-            found.append(current)
-        elif current and row.strip() in _FROZEN_ROWS:
-            frozen.append("%s: %s" % (current, row.strip()))
-    return found, frozen
+    return not _freezer.cgroups(sections(node.get("stdout")).get("cgroup", (None, ""))[1])[1]
 
 
 def exit_code(checks):

@@ -6,6 +6,7 @@ import hashlib
 import os
 import shlex
 import subprocess
+import sys
 import time
 
 import pytest
@@ -474,3 +475,71 @@ def test_a_call_whose_stdio_are_files_serves_only_its_pipes(tmp_path):
                                 start_new_session=True)
         out, err = conn._communicate(proc, None, 30, "a fetch")
     assert out is None and err == b"warn\n" and dst.read_bytes() == src.read_bytes() and proc.returncode == 0
+
+
+# ---- the first read's frozen check: input held until the mark; no mark after FROZEN_CHECK_S asks the node ----
+# a call that says on stderr whether its input came before its mark, then the mark, then its input's size
+EARLY = ("import select, sys; early = select.select([sys.stdin], [], [], 0.5)[0]; "
+         "sys.stderr.write('early\\n' if early else ''); sys.stderr.write('dflash-pct-started\\n'); sys.stderr.flush(); "
+         "print(len(sys.stdin.buffer.read()))")
+
+
+def call(argv):
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_checked_call_gets_its_input_only_once_it_is_in_the_container(monkeypatch, checked):
+    conn = make_conn(proxmox_vmid=200)
+    monkeypatch.setattr(conn, "_frozen", lambda: pytest.fail("the node was asked"))
+    out, err = conn._communicate(call([sys.executable, "-c", EARLY]), b"x" * 300000, 30, "a module", checked)
+    assert out.split() == [b"300000"]
+    assert err.startswith(b"early\n") is not checked, err
+
+
+def test_a_checked_call_that_ends_before_its_mark_is_not_held_for_ever(monkeypatch):
+    conn = make_conn(proxmox_vmid=200)
+    monkeypatch.setattr(conn, "_frozen", lambda: pytest.fail("the node was asked"))
+    proc = call(["sh", "-c", "echo 'CT is locked (backup)' >&2; exit 255"])
+    out, err = conn._communicate(proc, b"module", 30, "a module", True)
+    assert (out, err, proc.returncode) == (b"", b"CT is locked (backup)\n", 255)
+
+
+def test_a_frozen_container_fails_the_checked_call_at_once_and_it_never_gets_its_input(monkeypatch, tmp_path):
+    conn = make_conn(proxmox_vmid=200)
+    monkeypatch.setattr(pct, "FROZEN_CHECK_S", 0.2)
+    monkeypatch.setattr(conn, "_frozen", lambda: "container 200 is frozen on node (...)")
+    got = tmp_path / "got"
+    proc = call(["sh", "-c", 'sleep 30; cat > "$1"', "sh", str(got)])
+    began = time.monotonic()
+    with pytest.raises(AnsibleConnectionFailure, match=r"container 200 is frozen on node"):
+        conn._communicate(proc, b"module", 60, "a module", True)
+    assert time.monotonic() - began < 5 and proc.poll() is not None and not got.exists()
+
+
+def test_a_container_that_is_not_frozen_is_asked_again_later_and_the_call_goes_on(monkeypatch):
+    conn = make_conn(proxmox_vmid=200)
+    monkeypatch.setattr(pct, "FROZEN_CHECK_S", 0.2)
+    asked = []
+    monkeypatch.setattr(conn, "_frozen", lambda: asked.append(time.monotonic()))
+    proc = call(["sh", "-c", "sleep 1.5; echo dflash-pct-started >&2; wc -c"])
+    out, _err = conn._communicate(proc, b"module", 30, "a slow pct", True)
+    assert out.split() == [b"6"]
+    # after 0.2 s, then at least 0.4 s later, 0.8 s later, ...: fewer checks the longer it waits
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert len(asked) >= 2 and all(g >= 0.2 * 2 ** (i + 1) for i, g in enumerate(gaps)), asked
+
+
+def test_the_node_says_the_container_is_frozen(monkeypatch, fake_pct):
+    conn = local_conn(fake_pct, proxmox_vmid=200)
+    rows = "cgroup /sys/fs/cgroup/unified/lxc/200\npopulated 1\nfrozen 0\ncgroup /sys/fs/cgroup/freezer/lxc/200\n%s\n"
+    monkeypatch.setattr(pct._freezer, "cgroup_argv", lambda vmid: ["printf", rows % "freezer.state FROZEN"])
+    words = conn._frozen()
+    assert words.startswith("container 200 is frozen on this host (local pct) (/sys/fs/cgroup/freezer/lxc/200: "
+                            "freezer.state FROZEN): pct exec waits in it until it thaws, so nothing was run in it")
+    assert "`pct resume 200` or `lxc-unfreeze -n 200` on the node" in words
+    monkeypatch.setattr(pct._freezer, "cgroup_argv", lambda vmid: ["printf", rows % "freezer.state THAWED"])
+    assert conn._frozen() is None
+    monkeypatch.setattr(pct._freezer, "cgroup_argv", lambda vmid: ["false"])  # the node would not say
+    assert conn._frozen() is None
