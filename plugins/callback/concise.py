@@ -18,6 +18,8 @@ description:
     the banner of the task that said them. This callback prints the banner of a task whose action speaks
     while it runs (the collection's trainer_begin, trainer_restart, trainer_lock and trainer_release)
     when that task starts; such a task, when skipped, says C(skipping) under its banner.
+  - From C(-vvv) on, where Ansible says each task's connection and module lines while it runs, every task's
+    banner is printed when it starts and a skipped task says C(skipping) under it, as with the default callback.
   - Set O(display_skipped_hosts=true) to see every skipped task again.
 extends_documentation_fragment:
   - ansible.builtin.default_callback
@@ -40,6 +42,11 @@ SPEAKING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
     "trainer_begin", "trainer_restart", "trainer_lock", "trainer_release"))
 
 
+# From -vvv on, Ansible says each task's connection and module lines while it runs: every banner is printed
+# when its task starts (and a skipped task says so under it), as the default callback does.
+VERBOSE_EVERY_BANNER = 3
+
+
 def speaks(resolved_action):
     """Whether a task of RESOLVED_ACTION (a FQCN, or None when unresolved) may print lines while it runs."""
     return resolved_action in SPEAKING_ACTIONS
@@ -60,7 +67,7 @@ class CallbackModule(DefaultCallback):
         super()._task_start(task, prefix)
         if self._last_task_name is None or self._last_task_banner == task._uuid:
             return  # a free strategy names no task at its start; or its banner is printed already
-        if speaks(task.resolved_action):
+        if speaks(task.resolved_action) or self._display.verbosity >= VERBOSE_EVERY_BANNER:
             self._print_task_banner(task)
             self._eager_banners.add(task._uuid)
 

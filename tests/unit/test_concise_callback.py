@@ -38,10 +38,11 @@ class Screen:
         self.lines.append(msg)
 
 
-def callback(**options):
+def callback(verbosity=0, **options):
     cb = callback_loader.get("dflash.trainer.concise")
     cb.set_options(direct=options)
     cb._display = Screen()
+    cb._display.verbosity = verbosity
     cb._play = SimpleNamespace(strategy="linear")
     return cb
 
@@ -61,6 +62,7 @@ print(json.dumps({
     "speaking": sorted(module.SPEAKING_ACTIONS),
     "plain_skipped": run(callback(), "Report what check mode would restart", "ansible.builtin.debug"),
     "speaking_skipped": run(callback(), "Watch the restart job", "dflash.trainer.trainer_restart", words=True),
+    "verbose": run(callback(verbosity=3), "Report what check mode would restart", "ansible.builtin.debug"),
     "asked": run(callback(display_skipped_hosts=True), "Report what check mode would restart",
                  "ansible.builtin.debug"),
 }))
@@ -93,6 +95,11 @@ def test_a_speaking_task_shows_its_banner_when_it_starts_then_skipping_if_skippe
     # the banner before any word of its action
     assert driven["speaking_skipped"] == ["TASK [Watch the restart job]", "[gpu-host] restart job: proving",
                                           "skipping: [gpu-host]"]
+
+
+def test_from_vvv_every_banner_comes_when_its_task_starts(driven):
+    """-vvv says a task's connection lines while it runs: they come under its banner, as by default."""
+    assert driven["verbose"] == ["TASK [Report what check mode would restart]", "skipping: [gpu-host]"]
 
 
 def test_every_skipped_task_is_shown_when_asked(driven):
