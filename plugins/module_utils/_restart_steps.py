@@ -93,15 +93,21 @@ class Steps(object):
             raise StepFailed("trainer_progress_path: " + why)
         self.progress_from = None  # where the progress file ended right before the last start
 
+    # The stop and the drain, like the proof, wait on a PausedClock: a container frozen while they wait (a
+    # suspend-mode backup) is not counted against their deadlines
+
     def stop(self):
-        return stop(Runner(self.p["stop_timeout_s"] + STOP_MARGIN_S), self.systemctl, self.p["unit"])
+        return stop(Runner(self.p["stop_timeout_s"] + STOP_MARGIN_S, clock=PausedClock().clock), self.systemctl,
+                    self.p["unit"])
 
     def drain(self):
-        deadline = time.monotonic() + self.p["drain_timeout_s"]
+        paused = PausedClock()
+        deadline = paused.clock() + self.p["drain_timeout_s"]
         try:
-            details = drain(Runner(deadline=deadline), self.nvidia_smi, gpus=self.p["gpus"],
+            details = drain(Runner(deadline=deadline, clock=paused.clock), self.nvidia_smi, gpus=self.p["gpus"],
                             max_mib=self.p["drain_max_mib"], timeout_s=self.p["drain_timeout_s"], tick=self.tick,
-                            allowance=mib_by_index(self.p["gpu_foreign_mib"]))
+                            allowance=mib_by_index(self.p["gpu_foreign_mib"]), clock=paused.clock,
+                            sleep=paused.sleep)
         except StepFailed as exc:
             self.baseline = exc.details.get("gpus_mib")  # a start that goes ahead anyway (bringing back)
             raise

@@ -8,7 +8,7 @@ when it is not loaded already: it imports dflash.trainer.pct and parses its DOCU
 options (≈ 0.03-0.05 s a task on the 2-core lab machine; a no-op deploy runs eight such tasks). Loaded
 once in ansible-playbook's own process before the first task forks, every worker inherits it. The
 guard play's hosts (playbooks/target_guard.yml, templated by ansible-playbook itself before any task of
-a deploy, restart, rollback or status) call :func:`preload_connection` through its filter.
+every playbook that imports it) call :func:`preload_connection` through its filter.
 """
 from __future__ import annotations
 

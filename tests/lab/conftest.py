@@ -102,6 +102,7 @@ OWN_CONTAINERS = frozenset((
     "test_one_owner_lab.py",
     "test_playbooks.py",
     "test_preflight.py",
+    "test_progress_elsewhere_lab.py",
     "test_progress_file_lab.py",
     "test_progress_words_lab.py",
     "test_proxmox_cgroup_lab.py",

@@ -3,6 +3,7 @@ can print e.g. "draining, held: 0 (2 s of 60)"."""
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, drain, ours
+from ansible_collections.dflash.trainer.plugins.module_utils._wait import PausedClock
 
 HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
 
@@ -34,6 +35,29 @@ def test_drain_returns_once_every_gpu_is_free():
     details = drain(FakeRun([30000, 0, 0]), "nvidia-smi", gpus=[0], timeout_s=30, interval_s=1,
                     clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + 1))
     assert details["samples"] == 3
+
+
+def test_a_drain_frozen_with_its_container_does_not_count_the_freeze():
+    """A suspend-mode backup freezes the container during the drain for 60 s, longer than its 30 s deadline: on
+    the wall clock the drain times out; on the restart job's PausedClock the freeze is not counted and the
+    drain ends when the memory is free."""
+    def frozen_once(now):
+        calls = [0]
+
+        def sleep(s):
+            calls[0] += 1
+            now[0] += 1 + (60 if calls[0] == 2 else 0)
+        return sleep
+    now = [0.0]
+    with pytest.raises(StepFailed) as err:
+        drain(FakeRun([30000, 30000, 30000, 0, 0]), "nvidia-smi", gpus=[0], timeout_s=30, interval_s=1,
+              clock=lambda: now[0], sleep=frozen_once(now))
+    assert "GPU memory still held after" in err.value.msg
+    now = [0.0]
+    paused = PausedClock(lambda: now[0], frozen_once(now))
+    details = drain(FakeRun([30000, 30000, 30000, 0, 0]), "nvidia-smi", gpus=[0], timeout_s=30, interval_s=1,
+                    clock=paused.clock, sleep=paused.sleep)
+    assert details["samples"] == 5 and paused.paused_s == 60
 
 
 def test_drain_with_an_allowance_returns_the_sample_the_proof_subtracts():

@@ -35,7 +35,7 @@ def role_variables():
 
 def plugin_names():
     names = set()
-    for kind in ("modules", "action", "connection", "filter", "lookup"):
+    for kind in ("modules", "action", "callback", "connection", "filter", "lookup"):
         for path in glob.glob(os.path.join(ROOT, "plugins", kind, "*.py")) + \
                 glob.glob(os.path.join(ROOT, "plugins", kind, "*.yml")):
             names.add(os.path.splitext(os.path.basename(path))[0])
@@ -64,6 +64,17 @@ def test_every_repository_path_in_the_docs_exists(doc):
     generated = ("bench/results/",)  # written by the benchmarks
     missing = sorted(p for p in paths if not glob.glob(os.path.join(ROOT, p.rstrip("/"))) and not p.startswith(generated))
     assert missing == [], "%s names %s, which the repository does not have" % (os.path.relpath(doc, ROOT), missing)
+
+
+def test_every_playbook_imports_the_target_guard_first():
+    """target_guard.yml and _preload.py say every playbook imports the guard first: each of playbooks/."""
+    books = sorted(set(glob.glob(os.path.join(ROOT, "playbooks", "*.yml"))) - {
+        os.path.join(ROOT, "playbooks", "target_guard.yml")})
+    assert books
+    for path in books:
+        with open(path, encoding="utf-8") as fh:
+            first = yaml.safe_load(fh)[0]
+        assert first.get("ansible.builtin.import_playbook") == "target_guard.yml", path
 
 
 def test_no_doc_says_the_restart_runs_under_ansible_async():
