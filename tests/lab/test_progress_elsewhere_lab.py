@@ -84,7 +84,9 @@ def test_progress_in_a_file_of_its_own_is_named_within_120_s_with_the_defaults(l
     assert res.returncode != 0, out[-4000:]
     assert "not ready after 900 s" not in out, out[-4000:]
     assert "the trainer writes its progress to %s, not to this start's log" % OWN_LOG in out, out[-4000:]
-    assert "prove from it with -e trainer_progress_path=%s" % OWN_LOG in out, out[-4000:]
+    # the fix: a line of its own, pasted as is
+    assert "prove from it with:" in out and "-e trainer_progress_path=%s" % OWN_LOG in [
+        line.strip() for line in res.stdout.splitlines()], res.stdout[-4000:]
     failed = [e for e in ledger(lab) if e.get("verdict") not in ("proved", None)]
     assert failed, ledger(lab)
     # the verdict came within 120 s of the start: the whole run (upload, pre-flight, the proof, the
