@@ -600,22 +600,22 @@ def ensure_sshd():
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflash-lab", "-f", key])
     with open(client + ".pub") as fh:
         pub = fh.read()
-    with open(os.path.join(SSH_DIR, "authorized_keys"), "w") as fh:
-        fh.write(pub)
+    # Each `up` (every lab test file, every Molecule create) comes here while other tests connect: a file
+    # is rewritten (atomically) only when it differs, and sshd reloaded only when its config did - a
+    # reload re-executes sshd, and a connection made meanwhile is refused.
+    write_if_changed(os.path.join(SSH_DIR, "authorized_keys"), pub)
     os.makedirs(os.path.dirname(OPERATOR_KEYS), mode=0o755, exist_ok=True)
-    with open(OPERATOR_KEYS, "w") as fh:
-        fh.write('from="127.0.0.1" ' + pub)
-    os.chmod(OPERATOR_KEYS, 0o644)
+    write_if_changed(OPERATOR_KEYS, 'from="127.0.0.1" ' + pub)
     write_known_hosts(hostkey + ".pub")
     cfg = os.path.join(SSH_DIR, "sshd_config")
-    with open(cfg, "w") as fh:
-        fh.write(sshd_config())
+    changed = write_if_changed(cfg, sshd_config())
     os.makedirs("/run/sshd", exist_ok=True)
-    run(["/usr/sbin/sshd", "-t", "-f", cfg])
     pid = sshd_pid()
-    if pid:
+    if changed or not pid:
+        run(["/usr/sbin/sshd", "-t", "-f", cfg])
+    if pid and changed:
         os.kill(pid, 1)  # SIGHUP: reread the config
-    else:
+    elif not pid:
         run(["/usr/sbin/sshd", "-f", cfg])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -632,6 +632,18 @@ def known_hosts_line(host_pub, host="127.0.0.1", port=SSH_PORT):
     keytype, key = host_pub.split()[:2]
     name = host if port == 22 else "[%s]:%d" % (host, port)
     return "%s %s %s\n" % (name, keytype, key)
+
+
+def write_if_changed(path, text, mode=0o644):
+    """Write ``text`` to ``path`` (atomically) unless it holds it already; whether it was written."""
+    try:
+        with open(path) as fh:
+            if fh.read() == text and stat.S_IMODE(os.stat(path).st_mode) == mode:
+                return False
+    except OSError:
+        pass
+    write_text(path, text, mode)
+    return True
 
 
 def write_known_hosts(host_pub_path):

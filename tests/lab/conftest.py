@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -124,6 +125,94 @@ def needs_shared_lock(path):
     return os.path.basename(str(path)) not in OWN_CONTAINERS
 
 
+# The order of a parallel run (make test-lab). A run lasts as long as its busiest worker: each file's
+# seconds in DURATIONS (what a run of the whole suite measured: DFLASH_LAB_DURATIONS=write records them)
+# put the longest first, so that no long file starts last; a file not in the table counts as the longest.
+# The files that hold the shared-state lock run one after another whatever happens: they are one unit of
+# work, on one worker, in a row (SHARED_UNIT), never a worker blocked on the lock while others wait.
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+SHARED_UNIT = "tests/lab: the files that share lab state"
+
+
+def _load_durations():
+    try:
+        with open(DURATIONS) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def _unit_of(nodeid):
+    path = nodeid.split("::", 1)[0]
+    return SHARED_UNIT if _is_lab(path) and needs_shared_lock(path) else path
+
+
+def _is_lab(path):
+    return os.path.dirname(os.path.join(ROOT, path)) == os.path.dirname(DURATIONS)
+
+
+def pytest_collection_modifyitems(items):
+    """Longest unit of work first: the order xdist hands them out in (LabScheduling), and a plain run's.
+    Tests from elsewhere (a run of tests/) keep their order, before these."""
+    seconds = _load_durations()
+    longest = max(seconds.values(), default=0.0)
+    lab = [item for item in items if _is_lab(item.nodeid.split("::", 1)[0])]
+    cost, first = {}, {}
+    for index, item in enumerate(lab):
+        path = item.nodeid.split("::", 1)[0]
+        if path not in first:
+            first[path] = index
+            unit = _unit_of(path)
+            first.setdefault(unit, index)
+            cost[unit] = cost.get(unit, 0.0) + seconds.get(os.path.basename(path), longest)
+    # stable: a file's tests keep their order, and a unit's files stay together
+    lab.sort(key=lambda item: (-cost[_unit_of(item.nodeid)], first[_unit_of(item.nodeid)]))
+    items[:] = [item for item in items if not _is_lab(item.nodeid.split("::", 1)[0])] + lab
+
+
+_LOCK_WAITS = {}  # test file -> seconds its module waited for the shared-state lock (not its own time)
+_SPENT = {}  # test file -> seconds of setup, call and teardown (DFLASH_LAB_DURATIONS=write)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    wait = _LOCK_WAITS.pop(str(item.path), None) if call.when == "setup" else None
+    if wait is not None:
+        outcome.get_result().user_properties.append(("lab_lock_wait_s", wait))
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    if os.environ.get("DFLASH_LAB_DURATIONS") == "write" and _is_lab(path):
+        wait = sum(value for name, value in report.user_properties if name == "lab_lock_wait_s")
+        base = os.path.basename(path)
+        _SPENT[base] = _SPENT.get(base, 0.0) + report.duration - wait
+
+
+def _write_durations():
+    """Each file's seconds from this run, into DURATIONS (merged: files this run left out keep theirs)."""
+    seconds = _load_durations()
+    seconds.update({base: round(spent, 1) for base, spent in _SPENT.items()})
+    with open(DURATIONS, "w") as fh:
+        json.dump(dict(sorted(seconds.items())), fh, indent=1)
+        fh.write("\n")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, but the shared-state files are one unit (SHARED_UNIT), handed out in collection order."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # pylint: disable=import-outside-toplevel  # only under xdist
+
+    class LabScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            return _unit_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return LabScheduling(config, log)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _lab_shared_state(request):
     if not needs_shared_lock(request.path):
@@ -131,7 +220,9 @@ def _lab_shared_state(request):
         return
     os.makedirs(LAB_STATE, exist_ok=True)
     with open(os.path.join(LAB_STATE, "tests-shared.lock"), "a") as lock:
+        start = time.monotonic()
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, at the module's end
+        _LOCK_WAITS[str(request.path)] = time.monotonic() - start
         yield
 
 
@@ -182,6 +273,8 @@ def pytest_sessionfinish(session):
     path = getattr(session.config, "_dflash_up_record", None)
     if path is None:
         return
+    if os.environ.get("DFLASH_LAB_DURATIONS") == "write" and _SPENT:
+        _write_durations()
     try:
         with open(path) as fh:
             brought = sorted(set(fh.read().split()), key=int)
