@@ -8,6 +8,7 @@ from __future__ import annotations
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
 
+from ansible_collections.dflash.trainer.plugins.plugin_utils._freezer import frozen_checked
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import say_start
 
@@ -21,13 +22,7 @@ class ActionModule(KeptPayload, NormalAction):
 
     def run(self, tmp=None, task_vars=None):
         # the deploy's first contact: a frozen container is named, not waited for (connection dflash.trainer.pct)
-        checks = hasattr(self._connection, "frozen_check")
-        if checks:
-            self._connection.frozen_check = True
-        try:
+        with frozen_checked(self._connection):
             result = super().run(tmp, task_vars)
-        finally:
-            if checks:
-                self._connection.frozen_check = False
         say_start(display, (task_vars or {}).get("inventory_hostname", "?"), result.get("job_start"))
         return result

@@ -9,6 +9,8 @@ connection (a first read that has not reached the container after a few seconds)
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 # The container's cgroup on the node, as Proxmox VE writes it (pve-container: lxc.cgroup.dir.container lxc/<vmid>,
 # .inner ns) and as plain LXC does (lxc.payload.<vmid>); each one found, in the unified hierarchy (cgroup v2, or a
 # hybrid host's /sys/fs/cgroup/unified) and the v1 freezer's: its path, then its cgroup.events or its
@@ -44,3 +46,18 @@ def remedy(vmid):
     """What to do about a frozen container."""
     return ("a suspend-mode backup (vzdump --mode suspend) thaws it when it ends; if nothing is backing it up, "
             "`pct resume %s` or `lxc-unfreeze -n %s` on the node" % (vmid, vmid))
+
+
+@contextmanager
+def frozen_checked(connection, on=True):
+    """While the block runs (a task's first contact with the container), a call of ``connection`` that has not
+    reached the container after a few seconds asks the node whether it is frozen, and fails at once naming the
+    freeze (dflash.trainer.pct's ``frozen_check``). Another connection, or ``on`` False, is left as it is."""
+    checks = bool(on) and hasattr(connection, "frozen_check")
+    if checks:
+        connection.frozen_check = True
+    try:
+        yield
+    finally:
+        if checks:
+            connection.frozen_check = False

@@ -5,7 +5,8 @@ seconds, asks the node for the container's freezer state and fails with the free
 the connection's timeout - and its input was never sent, so nothing runs when the container thaws: the trainer
 is the one that ran before, nothing of the deploy is there. Thawed, the same deploy is proved.
 
-A deploy whose first read reaches the container at once asks the node nothing (no call of its own)."""
+A read-only status while it is frozen fails the same way (logs and history read as status does). A deploy whose
+first read reaches the container at once asks the node nothing (no call of its own)."""
 import json
 import os
 import subprocess
@@ -37,9 +38,9 @@ def inv(lab, tmp_path_factory):
     subprocess.run(["lxc-unfreeze", "-n", CT], check=False)
 
 
-def deploy(inv_path, *extra):
+def deploy(inv_path, *extra, playbook="deploy.yml"):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    res = subprocess.run(["ansible-playbook", "-i", inv_path, "deploy.yml", "-e", json.dumps(FAST), *extra], cwd=ROOT,
+    res = subprocess.run(["ansible-playbook", "-i", inv_path, playbook, "-e", json.dumps(FAST), *extra], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=900, check=False)
     return res, " ".join((res.stdout + res.stderr).split()).replace("''", "'")
 
@@ -64,11 +65,17 @@ def test_a_frozen_container_fails_the_first_read_naming_the_freeze_and_nothing_c
         t0 = time.monotonic()
         res, out = deploy(inv, "-e", "trainer_force_restart=true")
         took = time.monotonic() - t0
+        # a read-only status (as logs and history: the same read) names it the same way
+        t1 = time.monotonic()
+        status, status_out = deploy(inv, playbook="playbooks/status.yml")
+        status_took = time.monotonic() - t1
     finally:
         subprocess.run(["lxc-unfreeze", "-n", CT], check=True)
     assert res.returncode != 0 and took < BOUND_S, (took, out[-5000:])
     assert "UNREACHABLE" in out and "container %s is frozen on 127.0.0.1 (/sys/fs/cgroup/" % CT in out, out[-5000:]
     assert "nothing was run in it" in out and "`pct resume %s` or `lxc-unfreeze -n %s` on the node" % (CT, CT) in out
+    assert status.returncode != 0 and status_took < BOUND_S, (status_took, status_out[-5000:])
+    assert "UNREACHABLE" in status_out and "container %s is frozen on 127.0.0.1" % CT in status_out, status_out[-5000:]
     # thawed, the call that waited in it has nothing to run: the trainer and the ledger stay as they were
     assert holds(lambda: state(lab) == before, 5), (state(lab), before)
     res, out = deploy(inv, "-e", "trainer_force_restart=true")

@@ -543,3 +543,25 @@ def test_the_node_says_the_container_is_frozen(monkeypatch, fake_pct):
     assert conn._frozen() is None
     monkeypatch.setattr(pct._freezer, "cgroup_argv", lambda vmid: ["false"])  # the node would not say
     assert conn._frozen() is None
+
+
+def test_a_first_contact_checks_for_a_freeze_only_while_it_runs():
+    """frozen_checked: the pct connection's frozen_check on for the block (a task's first contact), off after it
+    - an error too; off for a watch (on=False); a connection without the check is left alone."""
+    from ansible_collections.dflash.trainer.plugins.plugin_utils._freezer import frozen_checked
+
+    class Conn(object):
+        frozen_check = False
+    conn = Conn()
+    with frozen_checked(conn):
+        assert conn.frozen_check is True
+    assert conn.frozen_check is False
+    with pytest.raises(RuntimeError):
+        with frozen_checked(conn):
+            raise RuntimeError("the module failed")
+    assert conn.frozen_check is False
+    with frozen_checked(conn, on=False):
+        assert conn.frozen_check is False
+    other = object()
+    with frozen_checked(other):
+        assert not hasattr(other, "frozen_check")
