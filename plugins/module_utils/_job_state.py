@@ -64,9 +64,11 @@ def job_alive(state, pid_alive=None):
 
 
 def observe_job(state_path, alive=job_alive):
-    """One look at the restart job for a waiter: (its state or None, whether it still runs)."""
-    state = read_state(state_path)
-    return state, alive(state)
+    """(The job's state or None, whether it runs): its process looked at before the state judged is read (a job
+    that records its outcome and exits in between is never taken for one that died without an outcome)."""
+    earlier = read_state(state_path)
+    running, state = alive(earlier), read_state(state_path)
+    return state, running if (state or {}).get("job_id") == (earlier or {}).get("job_id") else alive(state)
 
 
 # what one look at the state file says of a job (``job_end``); None: it still runs

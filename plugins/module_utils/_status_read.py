@@ -9,7 +9,7 @@ import os
 import time
 
 from ansible_collections.dflash.trainer.plugins.module_utils._config_id import installed_config, unit_path_of
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils._job_state import observe_job, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils._ledger import ledger_path, read_ledger
 from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
     NvidiaSmiError,
@@ -87,8 +87,7 @@ def read_status(module, p, run, systemctl):
             result["history"] = history_rows(ledger, result.get("running_release"), result.get("current_release"),
                                              p["history"], running_config=result["config"])
     if p["job_state_path"]:
-        job = read_state(p["job_state_path"])
-        result["last_job"] = job_summary(job, job_alive(job))
+        result["last_job"] = job_summary(*observe_job(p["job_state_path"]))
     nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
     if nvidia_smi is None:
         result["gpu_error"] = not_found_message(p["nvidia_smi"])

@@ -385,6 +385,25 @@ def test_observe_job_reads_the_state_file_and_asks_whether_it_lives(tmp_path):
     assert observe_job(path, alive=lambda s: True) == ({"job_id": "j1", "phase": "proving"}, True)
 
 
+def test_a_job_that_ends_between_the_reads_is_never_taken_for_dead(tmp_path):
+    """The job wrote phase done, then (while the waiter looked at its process) its outcome, and exited: the waiter
+    read the state before the outcome and found the process gone - 'died in phase done without an outcome' (seen
+    in a CI run). observe_job looks at the process first, then reads the state it judges: the outcome."""
+    path = str(tmp_path / "restart.json")
+    write_state(path, {"job_id": "j1", "phase": "done", "pid": 4242})
+    ended = {"job_id": "j1", "phase": "done", "done": True, "result": {"ok": True}}
+
+    def alive(state):  # the job finishes and exits while its process is looked at
+        write_state(path, ended)
+        return False
+    state, running = observe_job(path, alive=alive)
+    assert state == ended and rs.job_ended("j1")((state, running), 0).state == "done"
+    # a job that really died: gone when looked at, and its state (read after) has no outcome
+    write_state(path, {"job_id": "j2", "phase": "proving", "pid": 4242})
+    state, running = observe_job(path, alive=lambda s: False)
+    assert rs.job_ended("j2")((state, running), 0).words.startswith("restart job j2 died in phase proving")
+
+
 def test_job_message_adds_the_outcome_once():
     assert rs.job_message({}) == "restart failed"
     assert rs.job_message({"msg": "no progress", "outcome": "Rolled back: r1"}) == "no progress\n\nRolled back: r1"
