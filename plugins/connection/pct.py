@@ -28,8 +28,9 @@ description:
     (removed from what the task sees); once it has, the exit status and the texts are the
     command's own, whatever they say - 255, an C(ssh) or a C(sudo:) error of a command run in
     the container included - and are returned to the task.
-  - The first read of a deploy (C(trainer_begin)) holds its input back until its call reaches the
-    container; a call that has not after 5 s asks the node for the container's freezer state, and a
+  - A run's first contact (the first read of a deploy, C(trainer_begin), or the read of status, logs and
+    history, C(trainer_status)) holds its input back until its call reaches the container; a call
+    that has not after 5 s asks the node for the container's freezer state, and a
     frozen container (a suspend-mode backup, C(lxc-freeze)) fails it at once, UNREACHABLE, naming
     the freeze and the remedy (C(pct resume VMID)). Its command never got its input and runs nothing
     when the container thaws.
@@ -384,7 +385,7 @@ COPY_CHUNK = 1024 * 1024
 # how often a waiting call checks that ansible-playbook (the worker's parent) still lives
 ORPHAN_CHECK_S = 0.5
 SIZE_MARK = re.compile(r"^dflash-pct-size\s+(\d+)\s*$", re.M)
-# A first read (an action that sets Connection.frozen_check) whose call has not reached the container (no
+# A first contact (an action that sets Connection.frozen_check) whose call has not reached the container (no
 # STARTED_MARK) after this many seconds asks the node whether the container is frozen - pct exec waits in a frozen
 # container until it thaws - then again after twice as long, and so on; reading the node is bounded by FROZEN_READ_S.
 FROZEN_CHECK_S = 5.0
@@ -532,8 +533,8 @@ class Connection(ConnectionBase):
 
     transport = 'dflash.trainer.pct'
     has_pipelining = True
-    # set by the first read's action for its own call (trainer_begin): its input is held back until the call has
-    # reached the container, and a call that has not after FROZEN_CHECK_S fails when the container is frozen
+    # set by a first contact's action for its own call (plugin_utils/_freezer.frozen_checked): its input is held back
+    # until the call has reached the container, and a call that has not after FROZEN_CHECK_S fails when frozen
     frozen_check = False
 
     # ---- options -------------------------------------------------------------------------

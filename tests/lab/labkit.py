@@ -1,4 +1,5 @@
 """Helpers shared by the lab tests."""
+import os
 import time
 
 
@@ -35,3 +36,31 @@ def node_smi_of(base, *vmids):
     smi.write_text("#!/bin/sh\nFAKEGPU_NODE_TENANTS_FILE=%s exec %s \"$@\"\n" % (base / "tenants", NODE_SMI))
     smi.chmod(0o755)
     return str(smi)
+
+
+# The stand-in trainer (examples/trainer) run under a wrapper that logs all it prints through a
+# logging.FileHandler to a file of its own, as a trainer with its own logging set-up does; stdout gets one line.
+OWN_LOG_PY = '''import logging, os, subprocess, sys
+os.makedirs(os.path.dirname(%(log)r), exist_ok=True)
+handler = logging.FileHandler(%(log)r)
+handler.setFormatter(logging.Formatter("%%(asctime)s %%(levelname)s %%(name)s: %%(message)s"))
+log = logging.getLogger("train")
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+print("training; progress is logged to %%s" %% %(log)r, flush=True)
+here = os.path.dirname(os.path.abspath(__file__))
+child = subprocess.Popen([sys.executable, os.path.join(here, "trainer.py")], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+for line in child.stdout:
+    log.info(line.rstrip("\\n"))
+sys.exit(child.wait())
+'''
+
+
+def own_log_trainer(src, log_path):
+    """Make the stand-in trainer copied at SRC log its progress to LOG_PATH (own.py, run by its run.sh)."""
+    with open(os.path.join(src, "own.py"), "w") as fh:
+        fh.write(OWN_LOG_PY % {"log": log_path})
+    with open(os.path.join(src, "run.sh"), "w") as fh:
+        fh.write('#!/bin/bash\nexec python3 "$(dirname "$(readlink -f "$0")")/own.py" "$@"\n')
+    os.chmod(os.path.join(src, "run.sh"), 0o755)

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from labkit import own_log_trainer
+
 pytestmark = pytest.mark.lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,24 +24,6 @@ OWN_LOG = OWN_DIR + "/train.log"
 VERDICT_WITHIN_S = 120
 # only what is not this test's: the target pattern, and the purge (tests/lab/test_purge_lab.py)
 BASE = {"trainer_target_hosts": "all", "trainer_purge_inductor_cache": False}
-
-# The stand-in trainer (examples/trainer) run under a wrapper that logs all it prints through a
-# logging.FileHandler to a file of its own, as a trainer with its own logging set-up does; stdout gets one line.
-OWN_PY = '''import logging, os, subprocess, sys
-os.makedirs("%(dir)s", exist_ok=True)
-handler = logging.FileHandler("%(log)s")
-handler.setFormatter(logging.Formatter("%%(asctime)s %%(levelname)s %%(name)s: %%(message)s"))
-log = logging.getLogger("train")
-log.addHandler(handler)
-log.setLevel(logging.INFO)
-print("training; progress is logged to %(log)s", flush=True)
-here = os.path.dirname(os.path.abspath(__file__))
-child = subprocess.Popen([sys.executable, os.path.join(here, "trainer.py")], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-for line in child.stdout:
-    log.info(line.rstrip("\\n"))
-sys.exit(child.wait())
-''' % {"dir": OWN_DIR, "log": OWN_LOG}
 
 
 @pytest.fixture(scope="module", name="inv")
@@ -54,9 +38,7 @@ def fixture_inv(lab, tmp_path_factory):
     shutil.copytree(os.path.join(ROOT, "examples", "trainer"), str(plain))
     own = base / "trainer-own-log"
     shutil.copytree(str(plain), str(own))
-    (own / "own.py").write_text(OWN_PY)
-    (own / "run.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$(readlink -f "$0")")/own.py" "$@"\n')
-    os.chmod(str(own / "run.sh"), 0o755)
+    own_log_trainer(str(own), OWN_LOG)
     return str(path), str(plain), str(own)
 
 

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from labkit import own_log_trainer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "275"
 OWN_DIR = "/workspace/own"
@@ -24,24 +26,6 @@ FAST = {"trainer_ready_hold_s": 4, "trainer_ready_stall_s": 3, "trainer_ready_ti
         "trainer_target_hosts": "all", "trainer_purge_inductor_cache": False}  # the purge is not this test's
 # the trainer's own lines, as its FileHandler formats them
 OWN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO train: ")
-
-# The stand-in trainer (examples/trainer) run under a wrapper that logs everything it prints
-# through a logging.FileHandler, as a trainer with its own logging set-up does; stdout gets one line.
-OWN_PY = '''import logging, os, subprocess, sys
-os.makedirs("%(dir)s", exist_ok=True)
-handler = logging.FileHandler("%(log)s")
-handler.setFormatter(logging.Formatter("%%(asctime)s %%(levelname)s %%(name)s: %%(message)s"))
-log = logging.getLogger("train")
-log.addHandler(handler)
-log.setLevel(logging.INFO)
-print("training; progress is logged to %(log)s", flush=True)
-here = os.path.dirname(os.path.abspath(__file__))
-child = subprocess.Popen([sys.executable, os.path.join(here, "trainer.py")], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-for line in child.stdout:
-    log.info(line.rstrip("\\n"))
-sys.exit(child.wait())
-''' % {"dir": OWN_DIR, "log": OWN_LOG}
 
 # what a previous run left in the file: progress lines the proof must never read
 STALE = "".join("2026-11-30 09:00:%02d,000 INFO train: step=%d loss=9.9 tok/s=99999.0\n" % (i % 60, 900 + i)
@@ -61,10 +45,8 @@ def inv(lab, tmp_path_factory):
     path.write_text(json.dumps({"all": {"hosts": {"pf": {"proxmox_vmid": int(CT)}}, "vars": lab.conn_vars()}}))
     src = base / "trainer"
     shutil.copytree(os.path.join(ROOT, "examples", "trainer"), str(src))
-    (src / "own.py").write_text(OWN_PY)
+    own_log_trainer(str(src), OWN_LOG)
     (src / "fault.env").write_text("STARTUP_S=0.3\nSTEP_INTERVAL_S=0.25\n")  # the stand-in's knobs
-    (src / "run.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$(readlink -f "$0")")/own.py" "$@"\n')
-    os.chmod(str(src / "run.sh"), 0o755)
     return str(path), str(src)
 
 
