@@ -26,9 +26,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf  # noqa: E402
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl  # noqa: E402
-from ansible_collections.dflash.trainer.plugins.module_utils import _status as trainer_status  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import log_file as lf  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import status as trainer_status  # noqa: E402
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 OLD = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a"

@@ -59,8 +59,8 @@ def shipped(data):
     """The collection's module_utils files (name -> source) inside a payload."""
     match = re.search(rb"zip_data='([A-Za-z0-9+/=]+)'", data)
     zipped = zipfile.ZipFile(io.BytesIO(base64.b64decode(match.group(1))))
-    return {n.rsplit("/", 1)[1][:-3]: zipped.read(n) for n in zipped.namelist()
-            if UTILS_IN_ZIP + "_" in n and not n.endswith("/__init__.py")}
+    return {n.split(UTILS_IN_ZIP, 1)[1][:-3].replace("/", "."): zipped.read(n) for n in zipped.namelist()
+            if UTILS_IN_ZIP in n and not n.endswith("/__init__.py")}
 
 
 def measure(name, reps):

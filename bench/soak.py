@@ -364,8 +364,8 @@ def make_tree(dest, stamp, fault_text=None):
 
 
 def release_id(src):
-    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
-    import _release_scan  # pylint: disable=import-outside-toplevel,import-error
+    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils", "release"))
+    import scan as _release_scan  # pylint: disable=import-outside-toplevel,import-error
     return _release_scan.scan_tree(src).release_id
 
 

@@ -47,7 +47,7 @@ from .results import EXIT_REFUSED, HostResult, RunResult, TrainerLog
 check_log = importlib.import_module(__package__ + ".check_log" if __package__ else "dflash_trainer.check_log")
 
 WATCH_S = 10  # status --watch: seconds between two reads
-PLOT_HISTORY = 50  # the ledger's length (LEDGER_KEEP in plugins/module_utils/_throughput.py)
+PLOT_HISTORY = 50  # the ledger's length (LEDGER_KEEP in plugins/module_utils/proof/throughput.py)
 EXPLAIN_LINES = 5000  # logs --explain: this start's lines fetched to replay (unless -n says otherwise)
 
 

@@ -86,7 +86,7 @@ def collection_root(environ=None) -> str:
 
 def load_collection(root: Optional[str] = None) -> Collection:
     """Import the proof's log reader and judge from the collection at ROOT (as Ansible would load
-    them: ``ansible_collections.dflash.trainer.plugins.module_utils``)."""
+    them: ``ansible_collections.dflash.trainer.plugins``)."""
     try:
         root = os.path.abspath(root or collection_root())
     except FileNotFoundError as e:
@@ -98,9 +98,10 @@ def load_collection(root: Optional[str] = None) -> Collection:
         base = os.path.join(root, "collections")
     if base not in sys.path:
         sys.path.insert(0, base)
-    prefix = "ansible_collections.dflash.trainer.plugins.module_utils."
+    prefix = "ansible_collections.dflash.trainer.plugins."
     mods = [importlib.import_module(prefix + name)
-            for name in ("_trainer_log", "_readiness", "_validate", "_throughput", "_systemd", "_target_checks")]
+            for name in ("module_utils.proof.trainer_log", "module_utils.proof.readiness", "plugin_utils._validate",
+                         "module_utils.proof.throughput", "module_utils.target.systemd", "module_utils.plan.target_checks")]
     return Collection(root, *mods)
 
 

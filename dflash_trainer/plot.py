@@ -8,7 +8,7 @@ with its release id, source (git commit or content hash) and configuration id (i
 environment: an experiment with a knob is a point of its own), and the throughput gate's threshold
 when a ratio is set: the bar each release had to clear, `trainer_min_tokps_ratio` × the median of
 the entry before it that was proved, drawn where the gate judges - a change of release (the rule of
-plugins/module_utils/_throughput.py: previous_proved, gate).
+plugins/module_utils/proof/throughput.py: previous_proved, gate).
 `sparkline` gives the same series as one line of text for the terminal.
 
 The data shaping (`points`, `previous_good`, `sparkline`, labels) is pure and unit-tested;

@@ -254,7 +254,7 @@ class TrainerLog:
 class RestartJobResult:
     """What the API reads of the restart job's result (`dflash.trainer.trainer_restart`'s `result`).
 
-    The job's result is declared once, in the collection's plugins/module_utils/_job_result.py
+    The job's result is declared once, in the collection's plugins/module_utils/job/result.py
     (`FIELDS`; trainer_restart's RETURN documents it). This package does not import it: `pip
     install` gives dflash_trainer alone, and the collection it drives is found on the collections
     path, never on sys.path. So each field here is named as a declared key and holds a value of its

@@ -33,20 +33,20 @@ from ansible.module_utils.common.text.converters import to_native, to_text
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.archive import (
     DEFAULT_COMPRESSLEVEL,
     archive_estimate,
     delta_counts,
     parse_manifest,
     write_archive,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release_diff import release_diff
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.diff import release_diff
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import (
     DEFAULT_EXCLUDES,
     ReleaseError,
     scan_tree,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release_cache import HashCache
+from ansible_collections.dflash.trainer.plugins.plugin_utils._release_cache import HashCache
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group_hold import run_held
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Controller side of dflash.trainer.trainer_validate (documented in the module).
 
-Runs the pure checks of module_utils/_validate.py here, on the play's templated ``trainer_*``
+Runs the pure checks of plugin_utils/_validate.py here, on the play's templated ``trainer_*``
 variables: no remote call, so a refused input costs nothing on the target and changes nothing.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.dflash.trainer.plugins.module_utils._config_id import unit_path_of
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import managed
-from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import message, target_problems
-from ansible_collections.dflash.trainer.plugins.module_utils._validate import check, src_problems
+from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
+from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import managed
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
+from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import check, src_problems
 from ansible_collections.dflash.trainer.plugins.plugin_utils._role_spec import entry_options, spec_failure
 
 

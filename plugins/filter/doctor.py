@@ -1,7 +1,7 @@
 """The doctor's scripts and judgement (playbooks/doctor.yml, roles/trainer/tasks/doctor.yml), made in Python
 (plugins/plugin_utils/_doctor.py, unit-tested) so that the play only asks and shows."""
 
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import secret_values
+from ansible_collections.dflash.trainer.plugins.module_utils.target.secrets import secret_values
 from ansible_collections.dflash.trainer.plugins.plugin_utils import _doctor
 
 

@@ -8,7 +8,7 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import cache_directory
+from ansible_collections.dflash.trainer.plugins.module_utils.target.systemd import cache_directory
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -2,7 +2,7 @@
 play is one assert on its answer: does the run target at least one host, as its plays would see it."""
 
 
-from ansible_collections.dflash.trainer.plugins.module_utils._fix import extra_vars, fix_line
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.fix import extra_vars, fix_line
 from ansible_collections.dflash.trainer.plugins.plugin_utils._preload import preload_connection
 
 

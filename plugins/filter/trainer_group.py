@@ -1,8 +1,8 @@
 """The trainer_group filter: a trainer group's barriers, plan and verdict, judged from what every member
-registered (module_utils/_group.py, pure and tested), so the role's group flow stays a `when:` on a field."""
+registered (plugin_utils/_group.py, pure and tested), so the role's group flow stays a `when:` on a field."""
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dflash.trainer.plugins.module_utils._group import (
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import (
     as_one,
     barrier,
     failure_words,

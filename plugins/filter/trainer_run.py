@@ -1,20 +1,20 @@
 """The role's run decisions, made in Python (pure, tested) so that its tasks stay a `when:` on a field:
 
 - ``proof_options``: the proof's settings from the role's variables (the judge's one table,
-  module_utils/_readiness.PROOF_SETTINGS), as trainer_restart's ``proof`` takes them;
+  module_utils/proof/readiness.PROOF_SETTINGS), as trainer_restart's ``proof`` takes them;
 - ``last_ran``: of a run's registered results, the latest call's that ran (a job's outcome);
 - ``trainer_lock_holder``: who holds the deploy lock after the run's last call that could hand it over
-  (module_utils/_plan.last_lock_holder);
+  (module_utils/plan/decide.last_lock_holder);
 - ``trainer_restart_done``: a deploy's restart ended proved within its first read, no watch after it: nothing is
-  left for the role (module_utils/_plan.restart_done);
+  left for the role (module_utils/plan/decide.restart_done);
 - ``launcher_metrics_args``: the launcher's metrics arguments, none without trainer_metrics_path.
 """
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import last_lock_holder, last_ran, restart_done
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import role_proof
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import last_lock_holder, last_ran, restart_done
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import role_proof
 
 
 def proof_options(variables, progress=True):

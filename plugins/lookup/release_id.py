@@ -48,8 +48,8 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native, to_text
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_cache import HashCache
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import DEFAULT_EXCLUDES, ReleaseError, scan_tree
+from ansible_collections.dflash.trainer.plugins.plugin_utils._release_cache import HashCache
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import DEFAULT_EXCLUDES, ReleaseError, scan_tree
 
 
 class LookupModule(LookupBase):

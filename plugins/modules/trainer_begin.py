@@ -233,7 +233,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._begin import (
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.begin import (
     job_over,
     lock_holder_job,
     lock_refusal,
@@ -243,23 +243,23 @@ from ansible_collections.dflash.trainer.plugins.module_utils._begin import (
     refusal_message,
     untouched_words,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._config_id import unit_path_of
-from ansible_collections.dflash.trainer.plugins.module_utils._install import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import (
     ENV_CONTENT_OPTION,
     INSTALL_SUBOPTIONS,
     InstallError,
     install_all,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, observe_job, outcome_words, read_state
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import acquire_waiting, release
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import ENTRIES, job_wait_s, lock_holder, make_plan
-from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import order_newest_first
-from ansible_collections.dflash.trainer.plugins.module_utils._release_root import list_releases
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._status_read import READ_OPTIONS, read_status
-from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import message, target_problems
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import poll_until
+from ansible_collections.dflash.trainer.plugins.module_utils.job.state import job_alive, observe_job, outcome_words, read_state
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import acquire_waiting, release
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import ENTRIES, job_wait_s, lock_holder, make_plan
+from ansible_collections.dflash.trainer.plugins.module_utils.release.prune import order_newest_first
+from ansible_collections.dflash.trainer.plugins.module_utils.release.root import list_releases
+from ansible_collections.dflash.trainer.plugins.module_utils.target.command import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils.target.secrets import mask, read_secrets
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.status_read import READ_OPTIONS, read_status
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import poll_until
 
 
 def take_lock(module, lk, state_path):
@@ -290,7 +290,7 @@ def start_job(module, plan, p, run):
     """Start the plan's restart job in this call -> RV(job_start). The job's code (a third of the payload's
     Python) is imported only here: the target compiles it on every call (the payload is a zip, no bytecode
     cache), and most first reads start no job."""
-    from ansible_collections.dflash.trainer.plugins.module_utils._job_start import start_planned  # pylint: disable=import-outside-toplevel
+    from ansible_collections.dflash.trainer.plugins.module_utils.job.start import start_planned  # pylint: disable=import-outside-toplevel
 
     return start_planned(module, plan, p["job"], p["trainer_root"], p, run)
 

@@ -71,8 +71,8 @@ enabled_changed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import INSTALL_OPTIONS, InstallError, install_all
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import INSTALL_OPTIONS, InstallError, install_all
+from ansible_collections.dflash.trainer.plugins.module_utils.target.command import ModuleRunner
 
 
 def main():

@@ -118,7 +118,7 @@ previous_owner:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import (
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import (
     NONE, NOT_OURS, REFUSE, RELEASE, STALE, acquire_waiting, heartbeat, peek, read_lock, release)
 
 

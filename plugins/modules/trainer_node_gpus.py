@@ -129,14 +129,14 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import observe_program, program_problem
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import observe_program, program_problem
+from ansible_collections.dflash.trainer.plugins.module_utils.target.command import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils.target.nvidia_smi import (
     NvidiaSmiError,
     read_node_gpus,
     require,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target.node_gpu import (
     attribute,
     comm_name,
     foreign_by_gpu,

@@ -319,12 +319,12 @@ archive_bytes:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import PLAY_LOCK_SPEC, play_lease
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import DEFAULT_EXCLUDES
-from ansible_collections.dflash.trainer.plugins.module_utils._release_root import ReleaseModuleError
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import PLAY_LOCK_SPEC, play_lease
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import DEFAULT_EXCLUDES
+from ansible_collections.dflash.trainer.plugins.module_utils.release.root import ReleaseModuleError
 # the module's behaviour, callable without Ansible (run); the unit tests import run and
 # ReleaseModuleError from this module
-from ansible_collections.dflash.trainer.plugins.module_utils._release_states import STATES, run
+from ansible_collections.dflash.trainer.plugins.module_utils.release.states import STATES, run
 
 
 def main():

@@ -428,7 +428,7 @@ attempts:
   returned: with state=wait and watch_calls
   type: int
 result:
-  description: The job's result, also kept in its state file (its keys are declared in module_utils/_job_result.py).
+  description: The job's result, also kept in its state file (its keys are declared in module_utils/job/result.py).
   returned: when finished
   type: dict
   contains:
@@ -556,14 +556,14 @@ result:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._group_check import check_member
-from ansible_collections.dflash.trainer.plugins.module_utils._job_start import run_job, start_job, wait_for_job
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import locate
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight import Refused
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS, with_proof
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import before_start, mark_proved
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils.job.group_check import check_member
+from ansible_collections.dflash.trainer.plugins.module_utils.job.start import run_job, start_job, wait_for_job
+from ansible_collections.dflash.trainer.plugins.module_utils.target.nvidia_smi import locate
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.preflight import Refused
+from ansible_collections.dflash.trainer.plugins.module_utils.job.options import RESTART_OPTIONS, with_proof
+from ansible_collections.dflash.trainer.plugins.module_utils.job.steps import before_start, mark_proved
+from ansible_collections.dflash.trainer.plugins.module_utils.target.command import ModuleRunner
 
 
 def report(module, ok, fields):

@@ -317,10 +317,10 @@ log_problem:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils._run import ModuleRunner
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask, read_secrets
-from ansible_collections.dflash.trainer.plugins.module_utils._status import LOG_NEEDS_PATH, wants_log
-from ansible_collections.dflash.trainer.plugins.module_utils._status_read import READ_OPTIONS, read_status
+from ansible_collections.dflash.trainer.plugins.module_utils.target.command import ModuleRunner
+from ansible_collections.dflash.trainer.plugins.module_utils.target.secrets import mask, read_secrets
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.status import LOG_NEEDS_PATH, wants_log
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.status_read import READ_OPTIONS, read_status
 
 
 def main():

@@ -56,7 +56,7 @@ options:
       - Only the action plugin returns it (not for O(entry=status)); ignored by the module itself.
     type: str
 notes:
-  - Runs on the controller (action plugin); the module itself runs the same pure checks where it is executed.
+  - Runs on the controller only (action plugin); nothing is sent to the target.
 """
 
 EXAMPLES = r"""
@@ -95,34 +95,5 @@ owned:
   sample: [{"variable": "trainer_root", "kind": "root", "path": "/opt/dflash"}]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.trainer.plugins.module_utils._target_checks import message, target_problems
-from ansible_collections.dflash.trainer.plugins.module_utils._validate import check
-
-
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            entry=dict(type="str", default="main", choices=["main", "restart", "rollback", "status"]),
-            spec=dict(type="bool", default=False),
-            lock_token=dict(type="str", no_log=False),
-            variables=dict(type="dict"),
-            gpus=dict(type="list", elements="dict"),
-            unit=dict(type="dict"),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    variables = p["variables"] or {}
-    problems = check(variables, p["entry"])
-    if p["gpus"] is not None or p["unit"] is not None:
-        problems.extend(target_problems(variables, p["gpus"], p["unit"]))
-    words = [str(x) for x in problems]
-    if problems:
-        module.fail_json(msg=message(problems), problems=words)
-    module.exit_json(changed=False, problems=words)
-
-
-if __name__ == "__main__":
-    main()
+# No code: the action plugin (plugins/action/trainer_validate.py) runs the checks on the controller, as
+# ansible.builtin.debug does; the checks live in plugins/plugin_utils/_validate.py, never shipped to a target.

@@ -22,9 +22,9 @@ import re
 import shlex
 
 from ansible_collections.dflash.trainer.plugins.connection.pct import pct_refusal
-from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi
-from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import in_container
-from ansible_collections.dflash.trainer.plugins.module_utils._secrets import mask
+from ansible_collections.dflash.trainer.plugins.module_utils.target import nvidia_smi as _nvidia_smi
+from ansible_collections.dflash.trainer.plugins.module_utils.target.node_gpu import in_container
+from ansible_collections.dflash.trainer.plugins.module_utils.target.secrets import mask
 from ansible_collections.dflash.trainer.plugins.plugin_utils import _freezer
 
 OK, BAD, UNKNOWN = "✓", "✗", "?"

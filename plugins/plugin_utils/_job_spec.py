@@ -4,13 +4,13 @@
 """The restart job's settings, passed whole: the role builds them once (roles/trainer/vars/main.yml:
 ``__trainer_job_args``) and every task that starts a job - a restart, a group member's, a stop - gives them
 as trainer_restart's ``job``, naming on the task only what differs for it (its reasons, its owner, its wait).
-A setting added to the job is one line in its options (module_utils/_restart_options.py) and one in
+A setting added to the job is one line in its options (module_utils/job/options.py) and one in
 ``__trainer_job_args``; no task writes it out again (tests/unit/test_job_args.py holds this)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ansible_collections.dflash.trainer.plugins.module_utils._job_start import JOB_OPTIONS
+from ansible_collections.dflash.trainer.plugins.module_utils.job.start import JOB_OPTIONS
 
 # what only a start does: a deliberate stop (state=stop) has nothing to pre-flight or enable, so the
 # job's pre-flight settings (whose release is a start's) are not passed to it

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shlex
 
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import program_problem
+from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import program_problem
 
 _KINDS = {"regular file": "file", "regular empty file": "file", "directory": "dir", "symbolic link": "symlink"}
 

@@ -21,7 +21,7 @@ import tempfile
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi as smi
+from ansible_collections.dflash.trainer.plugins.module_utils.target import nvidia_smi as smi
 from labkit import node_smi_of, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _validate
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import DEFAULT_ERROR_REGEXES
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import DEFAULT_ERROR_REGEXES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _inductor_cache
+from ansible_collections.dflash.trainer.plugins.module_utils.target import inductor_cache as _inductor_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CT = "300"

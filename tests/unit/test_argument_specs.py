@@ -86,7 +86,7 @@ def uses(entry):
 
     found = VAR_RE.findall(text)
     if "dflash.trainer.proof_options" in text:  # the filter reads every proof setting's role variable
-        from ansible_collections.dflash.trainer.plugins.module_utils._readiness import PROOF_SETTINGS
+        from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import PROOF_SETTINGS
         found += [var for var, _kind, _default in PROOF_SETTINGS.values()]
     names = closure(found, set())
     # the templates it renders: named in its task files or in the internal variables it reads

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps
-from ansible_collections.dflash.trainer.plugins.module_utils._install import InstallError
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight import Refused
+from ansible_collections.dflash.trainer.plugins.module_utils.job import steps as _restart_steps
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import InstallError
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.preflight import Refused
 
 
 def params(**kw):

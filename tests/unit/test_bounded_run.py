@@ -1,4 +1,4 @@
-"""Every remote command bounded (plugins/module_utils/_run.py): real hung processes, killed.
+"""Every remote command bounded (plugins/module_utils/target/command.py): real hung processes, killed.
 
 The hung nvidia-smi is the lab's stand-in (lab/fakegpu) in hang mode, run on this host behind a
 wrapper shell that does not exec it (so the hung process is a grandchild: only a kill of the
@@ -15,11 +15,11 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from waiting import poll
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _run
-from ansible_collections.dflash.trainer.plugins.module_utils._nvidia_smi import NvidiaSmiError, read_gpus
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target import command as _run
+from ansible_collections.dflash.trainer.plugins.module_utils.target.nvidia_smi import NvidiaSmiError, read_gpus
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import (
     StepFailed, compile_regexes, drain, expectations, prove, start)
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import (
     DEFAULT_ERROR_REGEXES, DEFAULT_READY_REGEX, DEFAULT_STEP_REGEX, DEFAULT_TOKPS_REGEX)
 from ansible_collections.dflash.trainer.plugins.modules import trainer_status
 
@@ -147,7 +147,7 @@ def test_a_freeze_during_a_command_is_not_counted_against_its_bound_on_a_paused_
     """The restart job's proof runs its commands on a PausedClock: a container frozen while a command ran (the
     command frozen with it) shows as a jump of the clock; on the wall clock the command is past its bound and
     killed, on the paused clock it is waited for, and a command that hangs is still killed at its bound."""
-    from ansible_collections.dflash.trainer.plugins.module_utils._wait import PausedClock
+    from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import PausedClock
     cmd = script(tmp_path / "cmd", "#!/bin/sh\nsleep 1.5; echo done\n")
     reads = [0]
 

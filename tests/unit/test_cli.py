@@ -304,8 +304,8 @@ def test_stop_second_signal_interrupts():
 
 # ---- the module's long poll (trainer_status log_offset + log_wait_s) ------------------------------
 def test_status_long_poll_waits_for_lines(tmp_path):
-    from ansible_collections.dflash.trainer.plugins.module_utils import _status as mod
-    from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
+    from ansible_collections.dflash.trainer.plugins.module_utils.plan import status as mod
+    from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import marker_line
     log = tmp_path / "trainer.log"
     log.write_text(marker_line("inv", "r1", 1, "t") + "\nstep=1\n")
     p = dict(log_path=str(log), log_invocation=None, log_lines=5, log_offset=None, log_inode=None, log_wait_s=3)
@@ -446,7 +446,7 @@ def test_a_host_after_the_command_is_the_limit(monkeypatch, capsys):
 
 def test_the_history_header_lines_up_with_its_columns():
     """`dflash-trainer history` prints the status module's lines under its own header: the same columns."""
-    from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
+    from ansible_collections.dflash.trainer.plugins.module_utils.proof import throughput as t
     from dflash_trainer.__main__ import HISTORY_HEADER, describe_host
     from dflash_trainer.results import HostResult, TrainerStatus
 

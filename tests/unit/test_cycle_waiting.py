@@ -1,9 +1,9 @@
-"""The restart job's steps say what they still wait for (module_utils/_cycle.py), so the watcher
+"""The restart job's steps say what they still wait for (module_utils/job/cycle.py), so the watcher
 can print e.g. "draining, held: 0 (2 s of 60)"."""
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, drain, ours
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import PausedClock
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, drain, ours
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import PausedClock
 
 HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
 

@@ -41,13 +41,13 @@ PKG = "ansible_collections.dflash.trainer.plugins"
 
 # DEFAULT_* constants of module_utils that are no role variable's default (why).
 NOT_ROLE_DEFAULTS = {
-    "_log_tail.DEFAULT_MAX_BYTES": "how much of a log one tail read takes; no role variable",
-    "_plan.DEFAULT_JOB_WAIT_S": "how long a standalone trainer_begin (no settings) waits for a running job; the "
-                                "role's is the job's budget from its settings",
-    "_preflight.DEFAULT_PROPERTIES": "systemd's own defaults of unit properties",
-    "_release_archive.DEFAULT_COMPRESSLEVEL": "gzip level of the release archive; no role variable",
-    "_run.DEFAULT_TIMEOUT_S": "the bound of one command a module runs (nvidia-smi, systemctl); no role variable",
-    "_trainer_log.DEFAULT_KEEP_LINES": "lines of a start's log kept in memory; no role variable",
+    "proof.log_tail.DEFAULT_MAX_BYTES": "how much of a log one tail read takes; no role variable",
+    "plan.decide.DEFAULT_JOB_WAIT_S": "how long a standalone trainer_begin (no settings) waits for a running job; the "
+                                      "role's is the job's budget from its settings",
+    "proof.preflight.DEFAULT_PROPERTIES": "systemd's own defaults of unit properties",
+    "release.archive.DEFAULT_COMPRESSLEVEL": "gzip level of the release archive; no role variable",
+    "target.command.DEFAULT_TIMEOUT_S": "the bound of one command a module runs (nvidia-smi, systemctl); no role variable",
+    "proof.trainer_log.DEFAULT_KEEP_LINES": "lines of a start's log kept in memory; no role variable",
 }
 
 # Differences that are deliberate semantics of the code's default (why each): the test fails when one is
@@ -91,6 +91,9 @@ def argument_spec(module):
     """The argument spec module ``module``'s main() builds (its AnsibleModule replaced by a recorder)."""
     if module not in _SPECS:
         mod = importlib.import_module("%s.modules.%s" % (PKG, module))
+        if not hasattr(mod, "main"):  # an action's documentation alone (it runs on the controller): its options
+            _SPECS[module] = yaml.safe_load(mod.DOCUMENTATION)["options"]
+            return _SPECS[module]
         seen = {}
 
         def record(*args, **kwargs):
@@ -179,7 +182,7 @@ def resolve(value, internal, depth=0):
 
 def proof_variables():
     """{setting: role variable} the proof_options filter reads (the judge's table)."""
-    from ansible_collections.dflash.trainer.plugins.module_utils._readiness import PROOF_SETTINGS
+    from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import PROOF_SETTINGS
     return dict((name, var) for name, (var, _kind, _default) in PROOF_SETTINGS.items())
 
 
@@ -209,9 +212,9 @@ def task_pairs(calls=None):
 
 def utils_modules():
     out = {}
-    for path in sorted(glob.glob(os.path.join(ROOT, "plugins", "module_utils", "_*.py"))):
-        name = os.path.splitext(os.path.basename(path))[0]
-        if name != "__init__":
+    for path in sorted(glob.glob(os.path.join(ROOT, "plugins", "module_utils", "*", "*.py"))):
+        name = os.path.splitext(os.path.relpath(path, os.path.join(ROOT, "plugins", "module_utils")))[0].replace("/", ".")
+        if not name.endswith("__init__"):
             out[name] = importlib.import_module("%s.module_utils.%s" % (PKG, name))
     return out
 
@@ -320,11 +323,11 @@ def test_the_scan_finds_the_pairs_it_must(found):
                      ("trainer_restart.preflight.timeout_s", "trainer_preflight_timeout_s"),
                      ("trainer_release.keep", "trainer_release_keep"),
                      ("trainer_release.excludes", "trainer_release_excludes"),
-                     ("_readiness.Expectations.hold_s", "trainer_ready_hold_s"),
-                     ("_trainer_log.DEFAULT_STEP_REGEX", "trainer_step_regex"),
-                     ("_trainer_log.DEFAULT_ERROR_REGEXES", "trainer_error_regexes"),
-                     ("_readiness.DEFAULT_STALL_S", "trainer_ready_stall_s"),
-                     ("_release_scan.DEFAULT_EXCLUDES", "trainer_release_excludes")):
+                     ("proof.readiness.Expectations.hold_s", "trainer_ready_hold_s"),
+                     ("proof.trainer_log.DEFAULT_STEP_REGEX", "trainer_step_regex"),
+                     ("proof.trainer_log.DEFAULT_ERROR_REGEXES", "trainer_error_regexes"),
+                     ("proof.readiness.DEFAULT_STALL_S", "trainer_ready_stall_s"),
+                     ("release.scan.DEFAULT_EXCLUDES", "trainer_release_excludes")):
         assert key in found and found[key][0] == var, (key, found.get(key))
     # the first read's lock (a Jinja dict literal; whichever module takes it)
     assert any(k.endswith(".lock.stale_s") and v[0] == "trainer_lock_stale_s" for k, v in found.items())
@@ -341,7 +344,7 @@ def test_every_code_default_of_a_role_variable_is_the_roles_default(found):
 def test_the_progress_formats_are_written_once(found):
     """The regexes the proof reads the log with (_trainer_log's constants) are the role's defaults,
     character for character (YAML folds the role's copy)."""
-    from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+    from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
     d = role_defaults()
     assert (tl.DEFAULT_READY_REGEX, tl.DEFAULT_STEP_REGEX, tl.DEFAULT_TOKPS_REGEX, list(tl.DEFAULT_ERROR_REGEXES)) == (
         d["trainer_ready_regex"], d["trainer_step_regex"], d["trainer_tokps_regex"], d["trainer_error_regexes"])
@@ -365,9 +368,9 @@ def test_the_checks_can_fail(found):
     d["trainer_preflight_timeout_s"] = 61
     d["trainer_lock_stale_s"] = 7200
     wrong = set(differences(comparisons(d))) - set(KNOWN_DIFFERENT)
-    assert {"trainer_restart.hold_s", "_readiness.Expectations.hold_s",
-            "_readiness.DEFAULT_HOLD_S", "trainer_restart.step_regex", "_trainer_log.DEFAULT_STEP_REGEX",
-            "trainer_release.excludes", "_release_scan.DEFAULT_EXCLUDES", "trainer_restart.preflight.timeout_s",
+    assert {"trainer_restart.hold_s", "proof.readiness.Expectations.hold_s",
+            "proof.readiness.DEFAULT_HOLD_S", "trainer_restart.step_regex", "proof.trainer_log.DEFAULT_STEP_REGEX",
+            "trainer_release.excludes", "release.scan.DEFAULT_EXCLUDES", "trainer_restart.preflight.timeout_s",
             } <= wrong, wrong
     assert any(k.endswith(".lock.stale_s") for k in wrong), wrong
     assert not same(1, True) and same((1, 2), [1, 2]) and same(900.0, 900)
@@ -391,10 +394,10 @@ def test_the_checks_can_fail(found):
 # -- choices -------------------------------------------------------------------------------------
 
 def validator_choices():
-    """{role variable: values} the validator accepts from a fixed set: in plugins/module_utils/_validate.py,
+    """{role variable: values} the validator accepts from a fixed set: in plugins/plugin_utils/_validate.py,
     a function naming one role variable (``name = "trainer_x"``) that refuses ``value not in CONST``,
     CONST a module-level tuple/list/frozenset of strings (``key in RESERVED`` refuses a set: no choices)."""
-    from ansible_collections.dflash.trainer.plugins.module_utils import _validate
+    from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate
     with open(_validate.__file__, encoding="utf-8") as fh:
         tree = ast.parse(fh.read())
     consts = {n: getattr(_validate, n) for n in dir(_validate)

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi as d
-from ansible_collections.dflash.trainer.plugins.module_utils import _target_checks as t
+from ansible_collections.dflash.trainer.plugins.module_utils.target import nvidia_smi as d
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import target_checks as t
 
 ALL = {"nvidiactl": "chr", "nvidia-uvm": "chr", "nvidia-uvm-tools": "chr", "nvidia0": "chr", "nvidia3": "chr"}
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from waiting import poll
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIST_DIR = os.path.join(ROOT, "examples", "dist_trainer")

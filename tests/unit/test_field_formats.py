@@ -10,8 +10,8 @@ that the default ready pattern finds a ready line, and that the Judge proves it.
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import readiness as rd
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _cycle as cy
-from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
-from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.job import cycle as cy
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import readiness as rd
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import throughput as t
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 OLD_STEP_REGEX = r"\bstep[=: ]\s*(\d+)"

@@ -8,10 +8,10 @@ import pytest
 from ansible.parsing.splitter import parse_kv
 
 from ansible_collections.dflash.trainer.plugins.filter.target_guard import trainer_target_problem
-from ansible_collections.dflash.trainer.plugins.module_utils._fix import extra_vars, fix_line
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import make_plan
-from ansible_collections.dflash.trainer.plugins.module_utils._progress_elsewhere import elsewhere_words
-from ansible_collections.dflash.trainer.plugins.module_utils._validate import group_problems
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.fix import extra_vars, fix_line
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import make_plan
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.progress_elsewhere import elsewhere_words
+from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import group_problems
 from dflash_trainer.check_log import _tries_text
 
 VALUES = ["/workspace/progress.jsonl", "/data/my runs/progress.log", r"\biter\s+(\d+)", "it's $HOME `x`",

@@ -23,9 +23,9 @@ import re
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi as smi
-from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.target import nvidia_smi as smi
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import readiness as rd
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 FUZZ = settings(max_examples=int(os.environ.get("DFLASH_FUZZ_EXAMPLES", "100")), deadline=None,
                 derandomize=True, database=None,

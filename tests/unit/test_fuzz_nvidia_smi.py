@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi as smi
+from ansible_collections.dflash.trainer.plugins.module_utils.target import nvidia_smi as smi
 
 FUZZ = settings(max_examples=int(os.environ.get("DFLASH_FUZZ_EXAMPLES", "100")), deadline=None,
                 derandomize=True, database=None,
@@ -447,7 +447,7 @@ def test_read_gpus_returns_memory_from_query_gpu_or_raises_its_own_error(gpu, ap
 # ---------------------------------------------------------------------------------------------
 # the node's process query: no process name can move memory
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _node_gpu as node  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.target import node_gpu as node  # noqa: E402
 
 NODE_UUIDS = ["GPU-%08x-1c2d-4e5f-8a9b-c0ffee00000%d" % (i, i) for i in range(4)]
 # What a tenant may call its process: anything, forged rows and bare line breaks above all.

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _systemd as sd
+from ansible_collections.dflash.trainer.plugins.module_utils.target import systemd as sd
 
 FUZZ = settings(max_examples=int(os.environ.get("DFLASH_FUZZ_EXAMPLES", "100")), deadline=None,
                 derandomize=True, database=None,

@@ -1,12 +1,12 @@
-"""A trainer group's barriers, plan and verdict (module_utils/_group.py), judged from what every member
+"""A trainer group's barriers, plan and verdict (plugin_utils/_group.py), judged from what every member
 registered, and the filter the role calls them through."""
 import pytest
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group
-from ansible_collections.dflash.trainer.plugins.module_utils._group import as_one, barrier, group_plan, verdict
-from ansible_collections.dflash.trainer.plugins.module_utils._group_check import still_proved
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import as_one, barrier, group_plan, verdict
+from ansible_collections.dflash.trainer.plugins.module_utils.job.group_check import still_proved
 
 M = ["g0", "g1"]
 
@@ -87,7 +87,7 @@ def test_the_filter_reads_every_members_registered_result():
 
 
 def test_a_member_is_deployed_only_with_its_group():
-    from ansible_collections.dflash.trainer.plugins.module_utils._validate import group_problems
+    from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import group_problems
     v = {"trainer_group": "dist", "groups": {"dist": ["g0", "g1"]}, "inventory_hostname": "g1"}
     assert group_problems(v, "main") == []
     assert group_problems(dict(v, trainer_group=""), "restart") == []
@@ -147,7 +147,7 @@ def test_a_member_still_runs_what_its_job_proved_or_says_why_not(unit, gpus, ste
 
 
 def test_a_host_of_the_group_whose_own_trainer_group_is_empty_refuses_the_group():
-    from ansible_collections.dflash.trainer.plugins.module_utils._group import strays
+    from ansible_collections.dflash.trainer.plugins.plugin_utils._group import strays
     assert strays("tg", ["a", "b"], {"a": "tg", "b": "tg"}) is None
     words = strays("tg", ["a", "b"], {"a": "tg", "b": ""})
     assert "b is in its inventory group but its trainer_group is empty" in words and "nothing was changed" in words

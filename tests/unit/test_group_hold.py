@@ -130,7 +130,7 @@ def _lock_module(tmp_path, **args):
 
 def test_trainer_lock_renew_renews_only_this_plays_lock(tmp_path):
     """O(state=renew): this play's lease renewed; someone else's lock, or none, fails and is never taken."""
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock  # pylint: disable=import-outside-toplevel
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as _lock  # pylint: disable=import-outside-toplevel
     lock = str(tmp_path / "deploy.lock")
     assert _lock.acquire(lock, "t1", "me", 3600, lease_s=2).ok
     before = _lock.read_lock(lock)[0]["expires"]

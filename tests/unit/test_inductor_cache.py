@@ -1,4 +1,4 @@
-"""Is this a torchinductor cache? (module_utils/_inductor_cache.py): every entry at every depth is
+"""Is this a torchinductor cache? (module_utils/target/inductor_cache.py): every entry at every depth is
 judged by inductor's real layout - a tree real torch wrote passes; a corpus of two-character
 directories, a project's model.py and eval_results.json, 201 json shards beside a checkpoint are
 refused, and the purge then deletes nothing; after a purge the cache directory is ours, 0700."""
@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _inductor_cache as ic
-from ansible_collections.dflash.trainer.plugins.module_utils import _ownership
-from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import CacheRefused, purge
+from ansible_collections.dflash.trainer.plugins.module_utils.target import inductor_cache as ic
+from ansible_collections.dflash.trainer.plugins.module_utils.target import ownership as _ownership
+from ansible_collections.dflash.trainer.plugins.module_utils.target.inductor_cache import CacheRefused, purge
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REAL = os.path.join(HERE, "fixtures", "inductor_cache_torch_2.13_cpu.txt")

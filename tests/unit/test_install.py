@@ -1,8 +1,8 @@
-"""module_utils/_install.py: one file compared and written atomically."""
+"""module_utils/target/install.py: one file compared and written atomically."""
 import os
 import stat
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import install_file, masked_env, plan
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import install_file, masked_env, plan
 
 
 def mode(path):

@@ -1,4 +1,4 @@
-"""module_utils/_install.py: the three files installed in one call (install_all) - written, then
+"""module_utils/target/install.py: the three files installed in one call (install_all) - written, then
 unchanged, then the changed one named; nothing written in check mode; a foreign file refused before
 any write."""
 import os
@@ -8,12 +8,12 @@ import tempfile
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import (
     InstallError,
     change_reasons,
     install_all,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import LAUNCHER_MARK, UNIT_MARK
+from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import LAUNCHER_MARK, UNIT_MARK
 
 
 class FakeSystemctl(object):

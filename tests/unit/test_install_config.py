@@ -1,4 +1,4 @@
-"""The configuration proved with the last good release (module_utils/_install.py ProvedConfig) and
+"""The configuration proved with the last good release (module_utils/target/install.py ProvedConfig) and
 what the restart job does with it (_restart_job.RestartJob): kept after a proof, put back - the
 files that differ, each judged ours first - by a rollback, the same release's included; a first
 deploy that fails says nothing was rolled back."""
@@ -10,14 +10,14 @@ import tempfile
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._install import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import (
     PROVED_CONFIG,
     InstallError,
     ProvedConfig,
     config_files,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK, LAUNCHER_MARK, UNIT_MARK
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
+from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import ENV_MARK, LAUNCHER_MARK, UNIT_MARK
+from ansible_collections.dflash.trainer.plugins.module_utils.job.restart import RestartJob
 
 from test_restart_job import FakeLayout, FakeSteps
 

@@ -1,7 +1,7 @@
 """The restart job's settings are written once (roles/trainer/vars/main.yml: __trainer_job_args): the first
 read's `job` (trainer_begin starts a restart of what is on the target in its own call) and the call that
 starts the job after an upload (restart_and_prove.yml) pass the same values, and trainer_begin checks them
-against trainer_restart's own options (module_utils/_job_start.py: JOB_OPTIONS); every task that starts a
+against trainer_restart's own options (module_utils/job/start.py: JOB_OPTIONS); every task that starts a
 restart or stop job passes them whole as trainer_restart's `job` (plugin_utils/_job_spec.py) and names only
 what differs for it."""
 import os
@@ -9,8 +9,8 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _job_start as js
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_options import RESTART_OPTIONS
+from ansible_collections.dflash.trainer.plugins.module_utils.job import start as js
+from ansible_collections.dflash.trainer.plugins.module_utils.job.options import RESTART_OPTIONS
 from ansible_collections.dflash.trainer.plugins.plugin_utils._job_spec import with_job
 
 from role_tasks import tasks

@@ -1,4 +1,4 @@
-"""The restart job's result is declared once (module_utils/_job_result.py, issue 14 item 4): the
+"""The restart job's result is declared once (module_utils/job/result.py, issue 14 item 4): the
 job builds it through that declaration (an undeclared key cannot appear), trainer_restart's
 RETURN documents exactly the declared keys, and the API reads only declared keys, each as its
 declared type."""
@@ -11,9 +11,9 @@ import typing
 import pytest
 import yaml
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps as rs
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._job_result import (
+from ansible_collections.dflash.trainer.plugins.module_utils.job import steps as rs
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils.job.result import (
     BY_NAME,
     FIELDS,
     KEYS,
@@ -23,8 +23,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils._job_result import 
     check,
     problems,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
-from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import StopJob
+from ansible_collections.dflash.trainer.plugins.module_utils.job.restart import RestartJob
+from ansible_collections.dflash.trainer.plugins.module_utils.job.stop import StopJob
 from ansible_collections.dflash.trainer.plugins.modules import trainer_restart
 from dflash_trainer.results import Proof, RestartJobResult, build_host_results
 from test_restart_job import FakeLayout, FakeSteps, Lease  # pylint: disable=wrong-import-order

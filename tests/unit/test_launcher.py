@@ -71,8 +71,8 @@ def test_forwards_sigterm_and_dies_of_the_same_signal(root):
 
 # --- the log never takes the trainer down; rotation; the sidecar (issue 7 item 6) -------------
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf  # noqa: E402
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import log_file as lf  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl  # noqa: E402
 
 from waiting import poll  # noqa: E402
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
-from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as tp
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.release import ledger as ld
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import throughput as tp
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 from waiting import poll
 
@@ -351,7 +351,7 @@ def test_a_metrics_file_not_of_ours_is_left_alone(root):
 # --- trainer_status watch_s: returns when this start ends -----------------------------------------
 
 def test_watch_returns_when_the_start_ends_or_the_time_is_up():
-    from ansible_collections.dflash.trainer.plugins.module_utils import _status as ts
+    from ansible_collections.dflash.trainer.plugins.module_utils.plan import status as ts
     now = [0.0]
     reads = iter(["ActiveState=active\nSubState=running\nInvocationID=a\nMainPID=5\n",
                   "ActiveState=active\nSubState=running\nInvocationID=a\nMainPID=5\n",

@@ -11,8 +11,8 @@ import time
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _lock
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import (
+from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as _lock
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import (
     ERROR, KEEP, NONE, NOT_OURS, REFUSE, RELEASE, STALE, TAKE, acquire, decide, owner_record,
     parse_record, peek, read_lock, refusal_message, release)
 from ansible_collections.dflash.trainer.plugins.modules import trainer_lock
@@ -311,7 +311,7 @@ def test_module_stale_and_check_mode(lock, capsys):
 
 
 def test_lease_expires_a_dead_holder_and_the_refusal_says_when(tmp_path):
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as lk
     path = str(tmp_path / "deploy.lock")
     now = [1000.0]
     assert lk.acquire(path, "a", "alice", 3600, clock=lambda: now[0], lease_s=45, mono_clock=lambda: now[0] - 900).ok
@@ -331,7 +331,7 @@ def test_a_wall_clock_step_neither_ends_nor_extends_a_lease(tmp_path):
     """Leases are judged on CLOCK_MONOTONIC within one boot: NTP stepping the wall clock an hour
     forward does not hand a live holder's lock to someone else, nor does a step back keep a dead
     holder's lock."""
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as lk
     path = str(tmp_path / "deploy.lock")
     wall, mono = [1000.0], [50.0]
     assert lk.acquire(path, "a", "alice", 3600, clock=lambda: wall[0], lease_s=45, mono_clock=lambda: mono[0]).ok
@@ -346,7 +346,7 @@ def test_a_wall_clock_step_neither_ends_nor_extends_a_lease(tmp_path):
 
 
 def test_a_lease_from_another_boot_is_judged_on_the_wall_clock():
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as lk
     rec = {"token": "a", "owner": "x", "since": 0, "expires": 100, "mono_end": 10 ** 9, "boot": "other-boot"}
     assert lk.decide(rec, "b", 101, 3600, mono=5, boot="this-boot") == lk.STALE
     assert lk.decide(rec, "b", 99, 3600, mono=5, boot="this-boot") == lk.REFUSE
@@ -354,7 +354,7 @@ def test_a_lease_from_another_boot_is_judged_on_the_wall_clock():
 
 
 def test_the_lease_keeper_renews_while_work_runs_and_notices_a_loss(tmp_path):
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as lk
     path = str(tmp_path / "deploy.lock")
     assert lk.acquire(path, "a", "alice", 3600, lease_s=30).ok
     calls = []
@@ -384,7 +384,7 @@ def test_a_play_side_keeper_stops_renewing_once_its_session_is_gone(tmp_path):
     """A module of a killed play keeps running in the container, but nobody reads its output any
     more: its keeper lets the lease lapse (item 1: a dead play's lock frees within one lease),
     while the detached job's keeper renews regardless."""
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as lk
     path = str(tmp_path / "deploy.lock")
     assert lk.acquire(path, "a", "alice", 3600, lease_s=30).ok
     read = [True]
@@ -409,7 +409,7 @@ def test_a_play_side_keeper_stops_renewing_once_its_session_is_gone(tmp_path):
 
 
 def test_output_read_is_false_once_the_reader_is_gone():
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock as lk
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as lk
     r, w = os.pipe()
     try:
         assert lk.output_read(w) is True
@@ -421,7 +421,7 @@ def test_output_read_is_false_once_the_reader_is_gone():
 
 
 def test_acquire_waiting_tries_again_until_the_holder_lets_go(tmp_path):
-    from ansible_collections.dflash.trainer.plugins.module_utils import _lock
+    from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as _lock
     path = str(tmp_path / "deploy.lock")
     assert _lock.acquire(path, "alice-token", "alice", 3600, lease_s=60).ok
     now = [0.0]

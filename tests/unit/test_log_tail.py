@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import default_invocation, read_log_lines
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import continuation_line, marker_line
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.log_tail import default_invocation, read_log_lines
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import continuation_line, marker_line
 
 
 def marker(inv, release="r1"):

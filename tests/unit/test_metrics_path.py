@@ -5,8 +5,8 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _ownership as o
-from ansible_collections.dflash.trainer.plugins.module_utils import _validate as v
+from ansible_collections.dflash.trainer.plugins.module_utils.target import ownership as o
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate as v
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(ROOT, "roles", "trainer", "files", "dflash-trainer-launch")

@@ -1,4 +1,4 @@
-"""The node's view (module_utils/_node_gpu.py): cgroup lines of Proxmox VE, plain LXC, cgroup v1
+"""The node's view (module_utils/target/node_gpu.py): cgroup lines of Proxmox VE, plain LXC, cgroup v1
 and the node's own processes; memory split by holder; the messages users read; names a process
 gives itself shown escaped, never read; the module on a node whose nvidia-smi refuses name queries."""
 import json
@@ -12,7 +12,7 @@ import tempfile
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.dflash.trainer.plugins.module_utils._node_gpu import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target.node_gpu import (
     attribute,
     cgroup_path,
     comm_name,

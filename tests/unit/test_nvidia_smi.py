@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _nvidia_smi as smi
+from ansible_collections.dflash.trainer.plugins.module_utils.target import nvidia_smi as smi
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi")
 
@@ -273,7 +273,7 @@ def test_locate(tmp_path):
 
 import stat
 
-from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
+from ansible_collections.dflash.trainer.plugins.module_utils.target.command import Runner
 
 
 def fake_smi(tmp_path, gpu_fixture, apps_fixture="compute_apps_header_only.txt", rc=0):
@@ -400,7 +400,7 @@ def test_read_node_gpus_an_unreadable_process_list_is_an_error(apps, match):
 
 
 def test_read_node_gpus_hang_is_an_error():
-    from ansible_collections.dflash.trainer.plugins.module_utils._run import CommandTimeout
+    from ansible_collections.dflash.trainer.plugins.module_utils.target.command import CommandTimeout
 
     def run(argv):
         if argv[1].startswith("--query-gpu="):

@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _progress_file as pf
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
-from ansible_collections.dflash.trainer.plugins.module_utils._progress_elsewhere import log_shows_progress
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import READY, Expectations, Judge, Snapshot
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import progress_file as pf
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.progress_elsewhere import log_shows_progress
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import READY, Expectations, Judge, Snapshot
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 OTHER = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"

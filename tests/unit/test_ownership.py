@@ -1,4 +1,4 @@
-"""What the collection may write or delete (module_utils/_ownership.py): every file it writes is
+"""What the collection may write or delete (module_utils/target/ownership.py): every file it writes is
 absent or carries its mark, resolved paths included; the purge deletes only a torchinductor cache."""
 import json
 import os
@@ -9,10 +9,10 @@ import tempfile
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _ownership as o
-from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import CacheRefused, purge
-from ansible_collections.dflash.trainer.plugins.module_utils._marks import ROOT_MARK
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
+from ansible_collections.dflash.trainer.plugins.module_utils.target import ownership as o
+from ansible_collections.dflash.trainer.plugins.module_utils.target.inductor_cache import CacheRefused, purge
+from ansible_collections.dflash.trainer.plugins.module_utils.target.marks import ROOT_MARK
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import marker_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(ROOT, "roles", "trainer", "files", "dflash-trainer-launch")
@@ -497,7 +497,7 @@ def test_what_a_root_holds_is_roots(tmp_path):
 
 
 def test_the_first_lock_of_a_root_marks_it(tmp_path):
-    from ansible_collections.dflash.trainer.plugins.module_utils import _release_root as rr
+    from ansible_collections.dflash.trainer.plugins.module_utils.release import root as rr
     root = tmp_path / "root"
     release(root, "r1")
     with rr._Lock(str(root)):
@@ -670,7 +670,7 @@ def test_a_link_inside_a_links_target_and_a_users_directory_on_the_way_are_judge
 
 
 def test_a_progress_file_whose_directory_is_another_users_link_is_refused(tmp_path):
-    from ansible_collections.dflash.trainer.plugins.module_utils import _progress_file as pf
+    from ansible_collections.dflash.trainer.plugins.module_utils.proof import progress_file as pf
     (tmp_path / "real").mkdir(mode=0o755)
     (tmp_path / "real" / "progress.jsonl").write_text('{"step": 1}\n')
     link = tmp_path / "runs"

@@ -1,7 +1,7 @@
-"""The run's plan (module_utils/_plan.py), made once by the first read: entry by entry, row by row."""
+"""The run's plan (module_utils/plan/decide.py), made once by the first read: entry by entry, row by row."""
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import lock_holder, make_plan, restart_reasons
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import lock_holder, make_plan, restart_reasons
 
 NO_CHANGE = {"unit_changed": False, "env_changed": False, "launcher_changed": False, "changed": False}
 HEALTHY = {"ok": True, "words": "running release r1, proved 5 min ago (unit restarts 0)"}
@@ -113,7 +113,7 @@ def test_a_stop_keeps_the_lock_for_its_job_whatever_runs():
 
 # -- how long the play watches the run's job (job_budget_s, watch_retries, job_wait_s) ----------------
 
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import (  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import (  # noqa: E402
     DEFAULT_JOB_WAIT_S,
     job_budget_s,
     job_wait_s,

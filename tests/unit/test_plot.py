@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
-from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
+from ansible_collections.dflash.trainer.plugins.module_utils.release import ledger as ld
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import throughput as t
 from dflash_trainer import __main__ as cli
 from dflash_trainer import plot
 from dflash_trainer.results import HostResult, RunResult, TrainerStatus

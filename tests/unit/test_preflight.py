@@ -1,7 +1,7 @@
-"""Pre-flight decisions (module_utils/_preflight.py) on real files in a tmp dir."""
+"""Pre-flight decisions (module_utils/proof/preflight.py) on real files in a tmp dir."""
 import os
 
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight import command_problem, gpu_problem, output_tail
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.preflight import command_problem, gpu_problem, output_tail
 
 
 def release(tmp_path):
@@ -95,7 +95,7 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight import (  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.preflight import (  # noqa: E402
     DEFAULT_PROPERTIES,
     PYTHON,
     Refused,

@@ -1,7 +1,7 @@
-"""module_utils/_private_file.py: the one writer of the job state, the lock record and the ledger."""
+"""module_utils/target/private_file.py: the one writer of the job state, the lock record and the ledger."""
 import os
 
-from ansible_collections.dflash.trainer.plugins.module_utils._private_file import replace_private
+from ansible_collections.dflash.trainer.plugins.module_utils.target.private_file import replace_private
 
 
 def test_replaces_atomically_with_mode_0600_and_leaves_no_temporary_file(tmp_path):

@@ -4,9 +4,9 @@ Judge's word on it: named while the proof waits, the verdict by FAIL_AFTER_S (no
 import stat
 import types
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _progress_elsewhere as pe
-from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import progress_elsewhere as pe
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import readiness as rd
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 

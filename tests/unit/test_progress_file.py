@@ -11,11 +11,11 @@ import stat
 import pytest
 import yaml
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _progress_file as pf
-from ansible_collections.dflash.trainer.plugins.module_utils import _validate as validate
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes, prove
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import READY, Expectations, Judge, Snapshot
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import progress_file as pf
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate as validate
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, compile_regexes, prove
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import READY, Expectations, Judge, Snapshot
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 REGEXES = dict(ready_regex=tl.DEFAULT_READY_REGEX, step_regex=tl.DEFAULT_STEP_REGEX,

@@ -15,8 +15,8 @@ import yaml
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.dflash.trainer.plugins.filter import trainer_run
-from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
-from ansible_collections.dflash.trainer.plugins.module_utils import _restart_options as ro
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import readiness as rd
+from ansible_collections.dflash.trainer.plugins.module_utils.job import options as ro
 from ansible_collections.dflash.trainer.plugins.modules import trainer_restart
 from role_tasks import tasks
 

@@ -1,13 +1,13 @@
-"""The proof's verdict comes when the hold ends, not a poll interval later (module_utils/_readiness.py:
+"""The proof's verdict comes when the hold ends, not a poll interval later (module_utils/proof/readiness.py:
 Judge.wake_at; _cycle.prove asks the waiter to wake then); with the log read between the observations
 (the restart job's), the hold begins when the log showed its step, and a stall is timed by the same reads."""
 import math
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes, prove
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import Expectations, Judge, Snapshot, read_at
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, compile_regexes, prove
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import Expectations, Judge, Snapshot, read_at
 
 INV = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"

@@ -3,9 +3,9 @@
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf
-from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import log_file as lf
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import readiness as rd
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 OLD_INV = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a"
@@ -897,7 +897,7 @@ from ansible_collections.dflash.trainer.plugins.modules import trainer_restart
 
 
 def test_the_proofs_failure_message_has_reason_and_tail():
-    from ansible_collections.dflash.trainer.plugins.module_utils._cycle import failure_msg
+    from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import failure_msg
     msg = failure_msg("trainer exited with status 1 after 0.6 s: E: x", ["a", "E: x"], 20)
     assert msg == ("trainer exited with status 1 after 0.6 s: E: x\n"
                    "last 2 lines of this start's log:\n    a\n    E: x")
@@ -909,7 +909,7 @@ def test_the_proofs_failure_message_has_reason_and_tail():
     ((".", ".", ".", ["ok", "["]), "invalid error_regexes entry '['"),
 ])
 def test_the_proofs_patterns_that_do_not_compile_are_named(args, msg):
-    from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes
+    from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, compile_regexes
     with pytest.raises(StepFailed) as exc:
         compile_regexes(*args)
     assert exc.value.msg.startswith(msg), exc.value.msg

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """A user's regex that backtracks without end on a real line (one the controller's timing check
 cannot foresee) never holds the reading of the log: each line's searches run under a time bound
-(plugins/module_utils/_trainer_log.py, LineBound), the proof ends as a verdict naming the regex and the line,
+(plugins/module_utils/proof/trainer_log.py, LineBound), the proof ends as a verdict naming the regex and the line,
 at its deadline at the latest."""
 
 import signal
@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
-from ansible_collections.dflash.trainer.plugins.module_utils import _validate as validate
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes, prove
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import Expectations
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import LineBound, RegexTimeout
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate as validate
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, compile_regexes, prove
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import Expectations
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import LineBound, RegexTimeout
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 # needs a digit after "step=" before its nested repeat: the adversarial lines of the timing check

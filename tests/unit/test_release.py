@@ -1,4 +1,4 @@
-"""plugins/module_utils/_release_scan.py, _release_archive.py, _release_extract.py, _release_prune.py:
+"""plugins/module_utils/release/scan.py, release/archive.py, release/extract.py, release/prune.py:
 content hash, excludes, archive, safe extraction, prune plan."""
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ import tarfile
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _release_extract
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release import extract as _release_extract
+from ansible_collections.dflash.trainer.plugins.module_utils.release.archive import (
     ARCHIVE_MTIME,
     MANIFEST_MEMBER,
     MANIFEST_VERSION,
     build_archive,
     delta_counts,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.extract import (
     extract_archive_entries,
     extract_delta,
     extraction_owner,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import plan_prune
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.prune import plan_prune
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import (
     DEFAULT_EXCLUDES,
     KIND_FILE,
     BaseReleaseError,

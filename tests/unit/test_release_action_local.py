@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_root import switch_current
+from ansible_collections.dflash.trainer.plugins.module_utils.release.root import switch_current
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

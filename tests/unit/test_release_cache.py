@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import file_sha256, scan_tree
-from ansible_collections.dflash.trainer.plugins.module_utils import _release_cache as rc
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import file_sha256, scan_tree
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _release_cache as rc
 
 LATER = 3600 * 10 ** 9  # the fake clock reads one hour after every file's ctime: nothing is racy
 

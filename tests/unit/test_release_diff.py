@@ -8,14 +8,14 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive
-from ansible_collections.dflash.trainer.plugins.module_utils._release_root import switch_current
-from ansible_collections.dflash.trainer.plugins.module_utils._release_diff import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.archive import build_archive
+from ansible_collections.dflash.trainer.plugins.module_utils.release.root import switch_current
+from ansible_collections.dflash.trainer.plugins.module_utils.release.diff import (
     human_size,
     manifest_changes,
     release_diff,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import Entry, scan_tree
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import Entry, scan_tree
 
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64
 

@@ -1,4 +1,4 @@
-"""module_utils/_release_install.py and _release_states.py: what trainer_release does on the target,
+"""module_utils/release/install.py and release/states.py: what trainer_release does on the target,
 called directly against a tmp root (no Ansible, no module)."""
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive, manifest_items
-from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.archive import build_archive, manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils.target.marks import MARKER_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import (
     KIND_FILE,
     RELEASE_ID_LEN,
     scan_tree,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils import _release_install as inst
-from ansible_collections.dflash.trainer.plugins.module_utils import _release_states as states
-from ansible_collections.dflash.trainer.plugins.module_utils._release_root import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release import install as inst
+from ansible_collections.dflash.trainer.plugins.module_utils.release import states
+from ansible_collections.dflash.trainer.plugins.module_utils.release.root import (
     ReleaseModuleError,
     is_complete,
     read_current,

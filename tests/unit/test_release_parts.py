@@ -1,4 +1,4 @@
-"""The release code's parts (plugins/module_utils/_release_{scan,archive,extract,prune,diff}.py):
+"""The release code's parts (plugins/module_utils/release/{scan,archive,extract,prune,diff}.py):
 how they import each other, and the helpers no other test calls directly (check_relpath, the
 manifest round trip, order_newest_first)."""
 from __future__ import annotations
@@ -9,14 +9,14 @@ import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.archive import (
     MANIFEST_VERSION,
     manifest_bytes,
     manifest_items,
     parse_manifest,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._release_prune import order_newest_first
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.prune import order_newest_first
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import (
     KIND_DIR,
     KIND_FILE,
     KIND_SYMLINK,
@@ -28,25 +28,28 @@ from ansible_collections.dflash.trainer.plugins.module_utils._release_scan impor
 MODULE_UTILS = os.path.join(os.path.dirname(__file__), "..", "..", "plugins", "module_utils")
 PREFIX = "ansible_collections.dflash.trainer.plugins.module_utils."
 # what each part may import from the collection: only downwards, so there is no cycle, and
-# _release_scan stands alone (bench/soak.py imports it with plugins/module_utils on sys.path)
+# release/scan.py stands alone (bench/soak.py imports it with plugins/module_utils/release on sys.path)
 LAYERS = {
-    "_release_scan": set(),
-    "_release_archive": {"_release_scan"},
-    "_release_extract": {"_release_scan", "_release_archive", "_private_file"},  # fsync_dir
-    "_release_prune": set(),
-    "_release_diff": {"_release_scan"},
+    "release.scan": set(),
+    "release.archive": {"release.scan"},
+    "release.extract": {"release.scan", "release.archive", "target.private_file"},  # fsync_dir
+    "release.prune": set(),
+    "release.diff": {"release.scan"},
 }
 
 
 def collection_imports(name):
-    with open(os.path.join(MODULE_UTILS, name + ".py"), encoding="utf-8") as fh:
+    """The module_utils files (``package.file``) that the module_utils file ``name`` imports."""
+    with open(os.path.join(MODULE_UTILS, *name.split(".")) + ".py", encoding="utf-8") as fh:
         tree = ast.parse(fh.read())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PREFIX):
-            found.add(node.module[len(PREFIX):])
-        elif isinstance(node, ast.ImportFrom) and node.module == PREFIX.rstrip("."):
-            found.update(a.name for a in node.names)
+            module = node.module[len(PREFIX):]
+            if os.path.isdir(os.path.join(MODULE_UTILS, module)):  # from ...module_utils.release import scan
+                found.update("%s.%s" % (module, a.name) for a in node.names)
+            else:
+                found.add(module)
         elif isinstance(node, ast.Import):
             found.update(a.name[len(PREFIX):] for a in node.names if a.name.startswith(PREFIX))
     return found

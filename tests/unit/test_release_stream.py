@@ -13,15 +13,15 @@ import threading
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.action import trainer_release as act
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import archive_estimate, write_archive
-from ansible_collections.dflash.trainer.plugins.module_utils._release_extract import (
+from ansible_collections.dflash.trainer.plugins.module_utils.release.archive import archive_estimate, write_archive
+from ansible_collections.dflash.trainer.plugins.module_utils.release.extract import (
     GZIP_MAGIC,
     _ForwardReader,
     extract_archive_entries,
     extract_delta,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target.marks import MARKER_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import (
     KIND_FILE,
     ReleaseError,
     scan_tree,

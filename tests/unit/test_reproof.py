@@ -3,10 +3,10 @@ for the stall window instead of the whole hold, no throughput window after it. A
 gets the full proof."""
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _readiness as rd
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob, proved_before
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import reproof_settings
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, entry
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import readiness as rd
+from ansible_collections.dflash.trainer.plugins.module_utils.job.restart import RestartJob, proved_before
+from ansible_collections.dflash.trainer.plugins.module_utils.job.steps import reproof_settings
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.throughput import PROVED, entry
 
 from test_readiness import INV, Sim, progress
 from test_restart_job import FakeLayout, FakeSteps

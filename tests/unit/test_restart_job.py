@@ -1,14 +1,14 @@
-"""The restart job's sequence (module_utils/_restart_job.py) with fake steps: what runs, in which
+"""The restart job's sequence (module_utils/job/restart.py) with fake steps: what runs, in which
 order, what is marked good, when it rolls back, what it says."""
 import os
 import stat
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._inductor_cache import purge
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import job_alive, outcome_words, read_state, write_state
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils.target.inductor_cache import purge
+from ansible_collections.dflash.trainer.plugins.module_utils.job.state import job_alive, outcome_words, read_state, write_state
+from ansible_collections.dflash.trainer.plugins.module_utils.job.restart import RestartJob
 
 
 class FakeSteps(object):
@@ -160,7 +160,7 @@ def test_purge_never_follows_a_symlink(tmp_path):
 
 
 def test_ledger_records_each_outcome_and_the_gate_rolls_back():
-    from ansible_collections.dflash.trainer.plugins.module_utils._throughput import entry
+    from ansible_collections.dflash.trainer.plugins.module_utils.proof.throughput import entry
 
     class MeasuredSteps(FakeSteps):
         def __init__(self, medians, **kw):
@@ -279,7 +279,7 @@ class Lease(object):
         self.checks = 0
 
     def check(self):
-        from ansible_collections.dflash.trainer.plugins.module_utils._lock import LeaseLost
+        from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import LeaseLost
         self.checks += 1
         if self.checks > self.left:
             raise LeaseLost("lock /run/x is held by bob on ci since 3 s ago, not by this play")

@@ -1,4 +1,4 @@
-"""The restart job's wiring (module_utils/_restart_steps.py): the steps bound to the module's
+"""The restart job's wiring (module_utils/job/steps.py): the steps bound to the module's
 parameters (with fake systemd/GPU functions), the release layout on a temporary root, the job's
 state file, the job's entry with fake steps, the detached start, the waiter's judges and what the
 module returns. No test here sleeps or calls systemd."""
@@ -10,15 +10,15 @@ import stat
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps as rs
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import START_TIMEOUT_S, STOP_MARGIN_S, StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import observe_job, outcome_words, read_state, write_state
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+from ansible_collections.dflash.trainer.plugins.module_utils.job import steps as rs
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import START_TIMEOUT_S, STOP_MARGIN_S, StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils.job.state import observe_job, outcome_words, read_state, write_state
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import (
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,
     DEFAULT_TOKPS_REGEX,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, FAILED, TIMEOUT, Outcome
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import DONE, FAILED, TIMEOUT, Outcome
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -347,7 +347,7 @@ def test_the_detached_job_needs_no_import_after_the_fork():
     """The job is a fork of the module's process: everything it runs must be imported when the
     module loads (the payload's files are gone once the module has answered)."""
     late = []
-    for rel in ("plugins/modules/trainer_restart.py", "plugins/module_utils/_restart_steps.py"):
+    for rel in ("plugins/modules/trainer_restart.py", "plugins/module_utils/job/steps.py"):
         tree = ast.parse(open(os.path.join(ROOT, rel)).read())
         top = set(id(n) for n in tree.body)
         late += ["%s:%d" % (rel, n.lineno) for n in ast.walk(tree)

@@ -1,12 +1,12 @@
-"""trainer_env values stay secret (module_utils/_secrets.py): read back from the environment file
+"""trainer_env values stay secret (module_utils/target/secrets.py): read back from the environment file
 the role writes, masked as *** in every text that leaves the target."""
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ansible_collections.dflash.trainer.plugins.filter.systemd_quote import systemd_env_file
-from ansible_collections.dflash.trainer.plugins.module_utils import _secrets as s
-from ansible_collections.dflash.trainer.plugins.module_utils._install import masked_env
-from ansible_collections.dflash.trainer.plugins.module_utils._ownership import ENV_MARK
+from ansible_collections.dflash.trainer.plugins.module_utils.target import secrets as s
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import masked_env
+from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import ENV_MARK
 
 printable = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=0x2FFF, blacklist_characters="\x7f"),
                     max_size=40)

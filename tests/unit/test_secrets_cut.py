@@ -1,10 +1,10 @@
-"""Mask first, cut after (module_utils/_secrets.py): no prefix of a secret reaches the ledger when a
+"""Mask first, cut after (module_utils/target/secrets.py): no prefix of a secret reaches the ledger when a
 reason is cut; a text cut elsewhere before the mask leaves fewer than PARTIAL_MIN characters."""
 import json
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _secrets as s
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_steps import Layout
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import REASON_CHARS, entry
+from ansible_collections.dflash.trainer.plugins.module_utils.target import secrets as s
+from ansible_collections.dflash.trainer.plugins.module_utils.job.steps import Layout
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.throughput import REASON_CHARS, entry
 
 SECRET = "hf_TOKENabcdefghijklmnopqrstuvwxyz0123456789"
 

@@ -1,22 +1,22 @@
-"""trainer_status's decisions and data shaping (module_utils/_status.py), and trainer_begin's own
-(module_utils/_begin.py: what the run may write, the lock): pure functions of the facts the module
+"""trainer_status's decisions and data shaping (module_utils/plan/status.py), and trainer_begin's own
+(module_utils/plan/begin.py: what the run may write, the lock): pure functions of the facts the module
 gathers, driven here with plain data, fake /proc trees and a fake clock."""
 import os
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._plan import make_plan
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import make_plan
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _begin as b
-from ansible_collections.dflash.trainer.plugins.module_utils import _job_state as js
-from ansible_collections.dflash.trainer.plugins.module_utils import _release_root as rr
-from ansible_collections.dflash.trainer.plugins.module_utils import _status as s
-from ansible_collections.dflash.trainer.plugins.module_utils._lock import Outcome
-from ansible_collections.dflash.trainer.plugins.module_utils._log_tail import LogChunk
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import entry
-from ansible_collections.dflash.trainer.plugins.module_utils._log_file import StartLocation
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import StartLog, marker_line
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import DONE, WAITING
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import begin as b
+from ansible_collections.dflash.trainer.plugins.module_utils.job import state as js
+from ansible_collections.dflash.trainer.plugins.module_utils.release import root as rr
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import status as s
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import Outcome
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.log_tail import LogChunk
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.throughput import entry
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.log_file import StartLocation
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import StartLog, marker_line
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import DONE, WAITING
 
 RUNNING = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "MainPID": "4242",
            "InvocationID": "inv", "NRestarts": "2", "Result": "success", "FragmentPath": "/etc/systemd/system/t.service",

@@ -1,21 +1,21 @@
-"""The deliberate stop (trainer_restart state=stop, module_utils/_stop_job.py): what it stops and says,
+"""The deliberate stop (trainer_restart state=stop, module_utils/job/stop.py): what it stops and says,
 what it records, how status reads it (_status.stopped_on_purpose, _throughput.health), and the
 metrics file's directory that must exist (_ownership.missing_dir_problem)."""
 import json
 import os
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _ownership as o
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed
-from ansible_collections.dflash.trainer.plugins.module_utils._job_result import problems
-from ansible_collections.dflash.trainer.plugins.module_utils._status import STOP_KIND, fmt_uptime, stopped_on_purpose
-from ansible_collections.dflash.trainer.plugins.module_utils._stop_job import (
+from ansible_collections.dflash.trainer.plugins.module_utils.target import ownership as o
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed
+from ansible_collections.dflash.trainer.plugins.module_utils.job.result import problems
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.status import STOP_KIND, fmt_uptime, stopped_on_purpose
+from ansible_collections.dflash.trainer.plugins.module_utils.job.stop import (
     StopJob,
     enable_unit,
     run_stop,
     stop_words,
     what_runs,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils._throughput import PROVED, health
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.throughput import PROVED, health
 from test_restart_job import FakeSteps, Lease  # pylint: disable=wrong-import-order
 from test_restart_steps import params  # pylint: disable=wrong-import-order
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _systemd as sd
+from ansible_collections.dflash.trainer.plugins.module_utils.target import systemd as sd
 
 CRASHED = """\
 Id=dflash-trainer.service
@@ -110,13 +110,13 @@ def test_restart_baseline(before, after, baseline):
 
 
 # ---------------------------------------------------------------------------------------------
-# the start step (module_utils/_cycle.start, run by the restart job) against a fake systemctl
+# the start step (module_utils/job/cycle.start, run by the restart job) against a fake systemctl
 # (show reads a file, start flips it to running)
 
 import stat
 
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, start
-from ansible_collections.dflash.trainer.plugins.module_utils._run import Runner
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, start
+from ansible_collections.dflash.trainer.plugins.module_utils.target.command import Runner
 
 STOPPED = "ActiveState=inactive\nSubState=dead\nLoadState=loaded\nNRestarts=3\nInvocationID=\nNeedDaemonReload=no\n"
 RUNNING = ("ActiveState=active\nSubState=running\nLoadState=loaded\nNRestarts=0\nMainPID=4242\n"

@@ -1,14 +1,14 @@
-"""The checks on what the first read of the target returned (module_utils/_target_checks.py): each
+"""The checks on what the first read of the target returned (module_utils/plan/target_checks.py): each
 refusal names the variable and what is accepted; the file stands alone (stdlib only), so a module
 on the target ships it without the controller's checks (_validate)."""
 import ast
 import os
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _target_checks as t
-from ansible_collections.dflash.trainer.plugins.module_utils import _validate
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import target_checks as t
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate
 
 SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "plugins", "module_utils", "_target_checks.py")
+                      "plugins", "module_utils", "plan/target_checks.py")
 PATH = "/etc/systemd/system/dflash-trainer.service"
 GPUS = [{"index": i, "memory_total_mib": 143771} for i in range(8)]
 OURS = {"load_state": "loaded", "fragment_path": PATH,
@@ -94,14 +94,13 @@ def test_validate_words_its_problems_with_the_same_objects():
 def test_the_target_checks_are_imported_from_their_owner():
     """The controller's callers import them from _target_checks, as trainer_begin does; _validate does not
     pass them on."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(SOURCE)))
-    for path in ("plugins/action/trainer_validate.py", "plugins/modules/trainer_validate.py",
-                 "plugins/modules/trainer_begin.py"):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(SOURCE))))
+    for path in ("plugins/action/trainer_validate.py", "plugins/modules/trainer_begin.py"):
         with open(os.path.join(root, path)) as fh:
             tree = ast.parse(fh.read(), path)
         owners = {a.name: node.module.rsplit(".", 1)[-1] for node in ast.walk(tree)
                   if isinstance(node, ast.ImportFrom) and node.module for a in node.names}
-        assert owners.get("target_problems") == "_target_checks" and owners.get("message") == "_target_checks", path
+        assert owners.get("target_problems") == "target_checks" and owners.get("message") == "target_checks", path
     assert not hasattr(_validate, "target_problems") and not hasattr(_validate, "message")
 
 
@@ -122,8 +121,8 @@ def test_imports_nothing_of_the_collection():
 def test_the_units_mark_is_the_one_the_unit_file_carries():
     """The mark that says a unit is ours is written twice (here, stdlib only, and in _ownership): both are the
     words the role's unit template writes into Description=."""
-    from ansible_collections.dflash.trainer.plugins.module_utils import _ownership
-    template = os.path.join(os.path.dirname(SOURCE), "..", "..", "roles", "trainer", "templates", "trainer.service.j2")
+    from ansible_collections.dflash.trainer.plugins.module_utils.target import ownership as _ownership
+    template = os.path.join(os.path.dirname(SOURCE), "..", "..", "..", "roles", "trainer", "templates", "trainer.service.j2")
     with open(template) as fh:
         description = [line for line in fh if line.startswith("Description=")]
     assert t.UNIT_MARK == _ownership.UNIT_MARK and description and t.UNIT_MARK in description[0]

@@ -1,10 +1,10 @@
-"""Measured throughput, the ledger, the comparison and the gate (module_utils/_throughput.py)."""
+"""Measured throughput, the ledger, the comparison and the gate (module_utils/proof/throughput.py)."""
 import json
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
-from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
+from ansible_collections.dflash.trainer.plugins.module_utils.release import ledger as ld
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import throughput as t
 
 
 def test_percentiles_match_numpy_linear():

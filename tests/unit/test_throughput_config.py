@@ -1,6 +1,6 @@
-"""The experiment is the unit of history: the configuration id (module_utils/_config_id.py) beside the
+"""The experiment is the unit of history: the configuration id (module_utils/target/config_id.py) beside the
 release id in every ledger entry, and the comparison with the entry before it that was proved
-(module_utils/_throughput.py), whichever release and configuration it ran."""
+(module_utils/proof/throughput.py), whichever release and configuration it ran."""
 import hashlib
 import itertools
 import json
@@ -10,11 +10,11 @@ import stat
 import pytest
 
 from ansible_collections.dflash.trainer.plugins.filter.systemd_quote import systemd_env_file, systemd_exec_argv
-from ansible_collections.dflash.trainer.plugins.module_utils import _config_id as c
-from ansible_collections.dflash.trainer.plugins.module_utils import _restart_steps as rs
-from ansible_collections.dflash.trainer.plugins.module_utils import _ledger as ld
-from ansible_collections.dflash.trainer.plugins.module_utils import _throughput as t
-from ansible_collections.dflash.trainer.plugins.module_utils._restart_job import RestartJob
+from ansible_collections.dflash.trainer.plugins.module_utils.target import config_id as c
+from ansible_collections.dflash.trainer.plugins.module_utils.job import steps as rs
+from ansible_collections.dflash.trainer.plugins.module_utils.release import ledger as ld
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import throughput as t
+from ansible_collections.dflash.trainer.plugins.module_utils.job.restart import RestartJob
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LEDGER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "ledger", "experiments.json")

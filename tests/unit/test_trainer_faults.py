@@ -17,7 +17,7 @@ TRAINER_DIR = os.path.join(ROOT, "examples", "trainer")
 sys.path.insert(0, FAKEGPU_DIR)
 
 import fakegpu  # noqa: E402
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl  # noqa: E402
 
 PROGRESS = re.compile(
     r"^step=(\d+) loss=\d+\.\d{4} tok/s=\d+\.\d queue_target=\d+ queue_drafter=\d+$")

@@ -3,7 +3,7 @@
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 OLD = "11111111111111111111111111111111"
 NEW = "22222222222222222222222222222222"

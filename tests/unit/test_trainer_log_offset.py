@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _log_file as lf
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import log_file as lf
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 OLD = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a"

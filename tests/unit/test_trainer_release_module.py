@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_archive import build_archive, manifest_items
-from ansible_collections.dflash.trainer.plugins.module_utils._release_root import switch_current
-from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import scan_tree
+from ansible_collections.dflash.trainer.plugins.module_utils.release.archive import build_archive, manifest_items
+from ansible_collections.dflash.trainer.plugins.module_utils.release.root import switch_current
+from ansible_collections.dflash.trainer.plugins.module_utils.target.marks import MARKER_NAME
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import scan_tree
 from ansible_collections.dflash.trainer.plugins.modules import trainer_release as mod
 
 MODULE_FILE = mod.__file__

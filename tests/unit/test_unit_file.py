@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from ansible_collections.dflash.trainer.plugins.filter.systemd_quote import FilterModule
-from ansible_collections.dflash.trainer.plugins.module_utils._systemd import cache_directory
+from ansible_collections.dflash.trainer.plugins.module_utils.target.systemd import cache_directory
 
-from ansible_collections.dflash.trainer.plugins.module_utils._preflight import DEFAULT_PROPERTIES, unit_exec_properties
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.preflight import DEFAULT_PROPERTIES, unit_exec_properties
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATE = os.path.join(ROOT, "roles", "trainer", "templates", "trainer.service.j2")

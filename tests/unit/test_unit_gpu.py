@@ -1,12 +1,12 @@
-"""Whose GPU memory (module_utils/_unit_gpu.py, _cycle.prove): the proof counts the memory the trainer unit's
+"""Whose GPU memory (module_utils/proof/unit_gpu.py, _cycle.prove): the proof counts the memory the trainer unit's
 processes hold - nvidia-smi's processes attributed by control group - never memory another process allocated
 after the start; where nvidia-smi cannot say whose memory it is, today's baseline rule, said in words."""
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _trainer_log as tl
-from ansible_collections.dflash.trainer.plugins.module_utils import _unit_gpu as ug
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes, prove
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import Expectations
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
+from ansible_collections.dflash.trainer.plugins.module_utils.proof import unit_gpu as ug
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, compile_regexes, prove
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import Expectations
 
 UNIT_CG = "/system.slice/t.service"
 INV = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"

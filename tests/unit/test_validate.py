@@ -1,4 +1,4 @@
-"""The role's input checks (module_utils/_validate.py): each refusal names the variable, the value
+"""The role's input checks (plugin_utils/_validate.py): each refusal names the variable, the value
 (never a secret) and what is accepted; good defaults pass."""
 import os
 import socket
@@ -6,8 +6,8 @@ import socket
 import pytest
 import yaml
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _validate as v
-from ansible_collections.dflash.trainer.plugins.module_utils import _target_checks as tc
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate as v
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import target_checks as tc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,4 +1,4 @@
-"""Inputs that looked well formed and were not safe (module_utils/_validate.py): reserved
+"""Inputs that looked well formed and were not safe (plugin_utils/_validate.py): reserved
 environment names, a key that holds NAME=value (never echoed), trainer_ready_min_steps 0, and
 regexes that backtrack without end - refused on the controller, the matching timed in a child
 process the controller kills at the budget."""
@@ -8,8 +8,8 @@ import time
 import pytest
 import yaml
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _validate as v
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import (
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _validate as v
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import (
     DEFAULT_ERROR_REGEXES,
     DEFAULT_READY_REGEX,
     DEFAULT_STEP_REGEX,

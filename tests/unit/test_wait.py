@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""The one waiter (module_utils/_wait.py) and the loops that use it, each on a fake clock: no test
+"""The one waiter (module_utils/job/wait.py) and the loops that use it, each on a fake clock: no test
 here sleeps or reads the wall clock."""
 import errno
 import fcntl
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from ansible_collections.dflash.trainer.plugins.module_utils import _lock
-from ansible_collections.dflash.trainer.plugins.module_utils._cycle import StepFailed, compile_regexes, prove
-from ansible_collections.dflash.trainer.plugins.module_utils._readiness import Expectations
-from ansible_collections.dflash.trainer.plugins.module_utils._trainer_log import marker_line
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
+from ansible_collections.dflash.trainer.plugins.module_utils.job import lock as _lock
+from ansible_collections.dflash.trainer.plugins.module_utils.job.cycle import StepFailed, compile_regexes, prove
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import Expectations
+from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log import marker_line
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import (
     DONE,
     FAILED,
     TIMEOUT,
@@ -22,9 +22,10 @@ from ansible_collections.dflash.trainer.plugins.module_utils._wait import (
     poll_until,
     waiting,
 )
-from ansible_collections.dflash.trainer.plugins.module_utils import _begin, _status
-from ansible_collections.dflash.trainer.plugins.module_utils import _job_start
-from ansible_collections.dflash.trainer.plugins.module_utils._job_state import outcome_words
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import begin as _begin
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import status as _status
+from ansible_collections.dflash.trainer.plugins.module_utils.job import start as _job_start
+from ansible_collections.dflash.trainer.plugins.module_utils.job.state import outcome_words
 from ansible_collections.dflash.trainer.plugins.modules import trainer_begin
 
 

@@ -1,6 +1,6 @@
 """Polling for the unit tests: wait for a condition, never a bare sleep (the collection's one
-waiter, module_utils/_wait.poll_until, on the real clock: these waits are for real processes)."""
-from ansible_collections.dflash.trainer.plugins.module_utils._wait import done, poll_until, waiting
+waiter, module_utils/job/wait.poll_until, on the real clock: these waits are for real processes)."""
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import done, poll_until, waiting
 
 
 def poll(predicate, timeout=10.0, interval=0.02, what="condition"):

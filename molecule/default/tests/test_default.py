@@ -6,8 +6,8 @@ import sys
 ROOT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
 
-from ansible_collections.dflash.trainer.plugins.module_utils._marks import MARKER_NAME  # noqa: E402
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import (  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.target.marks import MARKER_NAME  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import (  # noqa: E402
     DEFAULT_EXCLUDES, KIND_FILE, scan_tree)
 
 UNIT = "dflash-trainer"

@@ -5,7 +5,7 @@ import sys
 ROOT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
 
-from ansible_collections.dflash.trainer.plugins.module_utils._release_scan import DEFAULT_EXCLUDES, scan_tree  # noqa: E402
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import DEFAULT_EXCLUDES, scan_tree  # noqa: E402
 
 
 def test_good_release_runs_after_all_faults(host):

@@ -1,0 +1,113 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What trainer_begin (the first read of a locked entry point) decides besides the read it shares with
+trainer_status (``_status_read``): what the run may write (O(owned)), judged before the lock is
+taken, and the deploy lock (O(lock)) with the restart job that may hold it. Kept out of ``_status``
+so that the read-only status ships neither the lock nor the ownership judges.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.dflash.trainer.plugins.module_utils.job.state import job_end
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import REFUSE, STALE
+from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import KINDS, PROGRAM, observe, problems
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import done, waiting
+
+
+# ---------------------------------------------------------------------------------------------
+# what the run may write (O(owned)), judged before the lock is taken
+
+def ownership_problems(owned, look=observe):
+    """[variable: why] for what the run may not write or delete; ``look(path, kind)`` observes
+    each path (``_ownership.observe``: resolved on this host)."""
+    targets = []
+    for item in owned or []:
+        variable, kind, path = item.get("variable"), item.get("kind"), item.get("path")
+        # a program may be a name, looked up on the target (_ownership.program_item)
+        if kind not in KINDS or not isinstance(path, str) or not (path.startswith("/") or kind == PROGRAM and path):
+            return ["%s: the role passed an unknown kind %r or a relative path" % (variable, kind)]
+        targets.append((variable, kind, look(path, kind)))
+    return ["%s: %s" % (variable, why) for variable, why in problems(targets)]
+
+
+ACCEPTED_FILE = "a path that is absent or holds what dflash.trainer wrote there"
+ACCEPTED_SEARCH = "an entry root owns and only root may write, in directories only root may write (or leave it out " \
+                  "of trainer_env)"
+
+
+def refusal_message(refused):
+    """The failure message for the problems ``ownership_problems`` found."""
+    return "refused before any change on the target (%d problem%s):\n%s" % (
+        len(refused), "" if len(refused) == 1 else "s", "\n".join(
+            "- %s; accepted: %s" % (r, ACCEPTED_SEARCH if r.startswith("trainer_env.") else ACCEPTED_FILE)
+            for r in refused))
+
+
+# ---------------------------------------------------------------------------------------------
+# the lock (O(lock)) and the restart job that may hold it
+
+def lock_holder_job(out, state, alive):
+    """The restart job's ``state`` when the lock was refused (``out``, a ``_lock.Outcome``)
+    because that job holds it and still runs (``alive(state)``); else None."""
+    record = out.record
+    if out.ok or out.action != REFUSE or not record or not record.get("job"):
+        return None
+    return state if job_end(state, state is not None and alive(state), record.get("job")) is None else None
+
+
+def lock_refusal(out):
+    """fail_json's arguments for a lock not taken (``out``, a ``_lock.Outcome``)."""
+    return dict(msg=out.msg, action=out.action, lock_refused=True,
+                **(dict(owner=out.owner()) if out.action == REFUSE else {}))
+
+
+def lock_taken(out, attached=None):
+    """RV(lock) for a lock taken: action and msg, what the run waited for (``attached``) and the
+    previous owner of a stale lock."""
+    taken = dict(action=out.action, msg=out.msg)
+    if attached:
+        taken["attached"] = attached
+    if out.action == STALE:
+        taken["previous_owner"] = out.owner()
+    return taken
+
+
+def job_over(job_id):
+    """Judge of (state, alive): the job ``job_id`` ended (done, died, or another job on record)."""
+    def judge(observed, _elapsed):
+        state, alive = observed
+        if job_end(state, alive, job_id) is not None:  # no state file: nothing to wait for
+            return done(state)
+        return waiting("restart job %s to end" % job_id)
+    return judge
+
+
+# ---------------------------------------------------------------------------------------------
+# what the run reports right after the read (RV(report), RV(untouched_words))
+
+def last_job_words(result):
+    """What the last restart job did, in words (the one this run waited for, else the one on
+    record); None when there is none."""
+    attached = (result.get("lock") or {}).get("attached")
+    job = result.get("last_job")
+    return attached or (job or {}).get("words") or None
+
+
+def untouched_words(unit, plan, result):
+    """The report of a run that leaves the trainer running (its plan restarts nothing); None when
+    the plan restarts."""
+    if plan.get("restart"):
+        return None
+    up = result.get("seconds_since_start")
+    return "%s left running: release %s unchanged, pid %s, up %s s" % (
+        unit, plan.get("release"), result.get("main_pid"), "?" if up is None else up)
+
+
+def read_report(entry, plan, result, unit):
+    """The lines the run shows right after its first read: what the last restart job did, and, for a
+    deploy that changes nothing (it ends here), that the trainer is left running - one report."""
+    lines = [last_job_words(result)]
+    if entry == "deploy" and plan.get("no_op"):
+        lines.append(untouched_words(unit, plan, result))
+    return [line for line in lines if line]
