@@ -2,10 +2,11 @@
 """Foreign output, fuzzed: nvidia-smi's CSV parsers against generated and garbage output.
 
 Properties: output written in the real tool's format (FIELD-NOTES: ", " separators, units in
-headers and cells, bracketed error values in any cell, header-only compute-apps output) parses
-to exactly what was written; anything else — missing or extra columns, bracketed values where
-a number must be, empty output, non-UTF-8 bytes, random text — either parses to well-formed
-rows or raises NvidiaSmiError whose message names nvidia-smi. Nothing else escapes.
+headers and cells, bracketed error values in any cell) parses to exactly what was written;
+anything else — missing or extra columns, bracketed values where a number must be, empty output,
+non-UTF-8 bytes, random text — either parses to well-formed rows or raises NvidiaSmiError whose
+message names nvidia-smi. Nothing else escapes. A process query's output with a name column is
+never read as rows; the node's query, printed whatever the processes are called, is.
 
 Examples per property: DFLASH_FUZZ_EXAMPLES (default 100); derandomized, so CI sees the same
 inputs on every run.
@@ -241,93 +242,39 @@ def test_query_gpu_regressions(text, match):
 
 
 # ---------------------------------------------------------------------------------------------
-# --query-compute-apps
+# --query-compute-apps with a process-name column: what a query with names prints (read_gpus asks
+# for none, so such output is never read as rows)
 
-APP_HEADER = {"pid": "pid", "process_name": "process_name", "gpu_uuid": "gpu_uuid",
-              "used_memory": "used_gpu_memory [MiB]"}
-APP_KEYS = {"pid": "pid", "process_name": "process_name", "gpu_uuid": "gpu_uuid",
-            "used_memory": "used_memory_mib"}
-
-
-def folded(name):
-    """How a comma inside the free-text column comes back: pieces stripped, joined by ", "."""
-    return ", ".join(piece.strip() for piece in name.split(","))
+NAMED_APP_HEADER = {"pid": "pid", "process_name": "process_name", "gpu_uuid": "gpu_uuid",
+                    "used_memory": "used_gpu_memory [MiB]"}
 
 
 @st.composite
 def app_row(draw):
-    name = draw(st.lists(cell_text(max_size=10), min_size=1, max_size=3).map(", ".join)
-                | st.just("[Not Found]"))
-    name_value = folded(name)
-    name_cell = (name, None, name_value) if smi.is_error_value(name_value) else (name, name_value, None)
+    """One process's cells as text; a name may hold commas, any other cell may be an error value."""
     return {
-        "pid": draw(maybe_error(number_cell(1, 4194304))),
-        "process_name": name_cell,
-        "gpu_uuid": draw(maybe_error(text_cell(st.from_regex(r"GPU-[0-9a-f]{8}", fullmatch=True)))),
-        "used_memory": draw(maybe_error(number_cell(0, 200000, "MiB"))),
+        "pid": draw(maybe_error(number_cell(1, 4194304)))[0],
+        "process_name": draw(st.lists(cell_text(max_size=10), min_size=1, max_size=3).map(", ".join)
+                             | st.just("[Not Found]")),
+        "gpu_uuid": draw(maybe_error(text_cell(st.from_regex(r"GPU-[0-9a-f]{8}", fullmatch=True))))[0],
+        "used_memory": draw(maybe_error(number_cell(0, 200000, "MiB")))[0],
     }
 
 
 @st.composite
 def compute_apps_output(draw):
+    """The output of ``--query-compute-apps=<pid, process_name, gpu_uuid, used_memory in any order>``
+    as the real tool prints it: noheader, the header, or two outputs concatenated."""
     rows = draw(st.lists(app_row(), max_size=6))
-    order = draw(st.permutations(smi.APP_FIELDS))
+    order = draw(st.permutations(list(NAMED_APP_HEADER)))
     sep, eol = draw(SEPARATOR), draw(EOL)
-    header = sep.join(APP_HEADER[f] for f in order)
+    headers = draw(st.integers(0, 2))
     lines = []
-    headers = draw(st.integers(0, 2))  # noheader, the header, or two outputs concatenated
-    if headers == 0:
-        order = list(smi.APP_FIELDS)
     for _block in range(max(1, headers)):
         if headers:
-            lines.append(header)
-        lines += [sep.join(row[f][0] for f in order) for row in rows]
-    text = eol.join(lines) + (eol if lines else "")
-    expected = []
-    for _block in range(max(1, headers)):
-        for row in rows:
-            app = {APP_KEYS[f]: row[f][1] for f in smi.APP_FIELDS}
-            app["errors"] = ["%s: %s" % (f, row[f][2]) for f in smi.APP_FIELDS if row[f][2] is not None]
-            expected.append(app)
-    return text, expected
-
-
-@FUZZ
-@given(compute_apps_output())
-def test_compute_apps_real_format_round_trips(case):
-    text, expected = case
-    assert smi.parse_compute_apps(text) == expected
-
-
-@pytest.mark.parametrize("units", [True, False])
-def test_compute_apps_header_only_is_no_process(units):
-    header = "pid, process_name, gpu_uuid, used_gpu_memory [MiB]" if units else \
-        "pid, process_name, gpu_uuid, used_gpu_memory"
-    assert smi.parse_compute_apps(header + "\n") == []
-    assert smi.parse_compute_apps("") == []
-
-
-def test_compute_apps_second_header_keeps_the_name_column():
-    """Regression: a second header line looked the text column up by its position in the first
-    header's order, so a comma in a name after it shifted the other columns."""
-    header = "process_name, pid, gpu_uuid, used_gpu_memory [MiB]\n"
-    text = header + header + "python3 -c a,b, 7, GPU-a, 10 MiB\n"
-    (app,) = smi.parse_compute_apps(text)
-    assert (app["process_name"], app["pid"], app["gpu_uuid"], app["used_memory_mib"]) == \
-        ("python3 -c a, b", 7, "GPU-a", 10)
-
-
-@FUZZ
-@given(ANY_TEXT)
-def test_compute_apps_garbage_parses_or_raises_its_own_error(text):
-    try:
-        apps = smi.parse_compute_apps(text)
-    except smi.NvidiaSmiError as e:
-        assert "nvidia-smi" in str(e)
-    else:
-        for app in apps:
-            assert set(app) == {"pid", "process_name", "gpu_uuid", "used_memory_mib", "errors"}
-            assert (app["pid"] is None) == any(e.startswith("pid: ") for e in app["errors"])
+            lines.append(sep.join(NAMED_APP_HEADER[f] for f in order))
+        lines += [sep.join(row[f] for f in order) for row in rows]
+    return eol.join(lines) + (eol if lines else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +366,7 @@ class FakeRun(object):
 
 ANSWER = st.tuples(RC, OUTPUT.map(lambda o: o or ""), OUTPUT.map(lambda o: o or ""))
 GPU_ANSWER = ANSWER | query_gpu_output().map(lambda c: (0, c[0], ""))
-APPS_ANSWER = ANSWER | compute_apps_output().map(lambda c: (0, c[0], ""))
+APPS_ANSWER = ANSWER | compute_apps_output().map(lambda text: (0, text, ""))
 
 
 @FUZZ
@@ -442,6 +389,16 @@ def test_read_gpus_returns_memory_from_query_gpu_or_raises_its_own_error(gpu, ap
     assert all(w.startswith("process list ") for w in warnings)
     if warnings:
         assert all(g["processes"] == [] for g in gpus)
+
+
+@FUZZ
+@given(query_gpu_output(), compute_apps_output())
+def test_read_gpus_reads_no_row_from_a_query_with_names(gpu, apps):
+    """Output with a process-name column (a tenant's name can forge rows in it) is never read as
+    rows: no GPU gets a process, and the process list is named unreadable."""
+    gpus, warnings = smi.read_gpus(FakeRun((0, gpu[0], ""), (0, apps, "")), "/usr/bin/nvidia-smi")
+    assert all(g["processes"] == [] for g in gpus)
+    assert len(warnings) == 1 and warnings[0].startswith("process list unreadable: "), warnings
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,11 +21,6 @@ def test_argv():
         "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu",
         "--format=csv,noheader,nounits",
     ]
-    assert smi.query_apps_argv() == [
-        "nvidia-smi",
-        "--query-compute-apps=pid,process_name,gpu_uuid,used_memory",
-        "--format=csv,noheader,nounits",
-    ]
     assert smi.list_argv() == ["nvidia-smi", "-L"]
 
 
@@ -88,35 +83,12 @@ def test_malformed_row_raises():
         smi.parse_query_gpu("0, GPU-a\n")
 
 
-@pytest.mark.parametrize("name", ["h200x8_compute_apps.txt", "h200x8_compute_apps_header_units.txt"])
-def test_compute_apps(name):
-    apps = smi.parse_compute_apps(fixture(name))
-    assert len(apps) == 5
-    assert apps[0] == {"pid": 48211, "process_name": None,
-                       "gpu_uuid": "GPU-3f1a2b00-1c2d-4e5f-8a9b-c0ffee000000",
-                       "used_memory_mib": 130004, "errors": ["process_name: [Not Found]"]}
-    assert apps[4]["process_name"] == "python3"
-    assert apps[4]["errors"] == []
-
-
-@pytest.mark.parametrize("text", [
-    fixture("compute_apps_header_only.txt"),
-    fixture("compute_apps_empty_noheader.txt"),
-    "No running processes found\n",
-])
-def test_compute_apps_none(text):
-    assert smi.parse_compute_apps(text) == []
-
-
-def test_process_name_with_comma():
-    (app,) = smi.parse_compute_apps("7, python3 -c a,b, GPU-a, 10\n")
-    assert app["process_name"] == "python3 -c a, b"
-    assert app["gpu_uuid"] == "GPU-a"
-
-
 def test_join_processes_by_uuid():
     gpus = smi.parse_query_gpu(fixture("h200x8_query_gpu.txt"))
-    apps = smi.parse_compute_apps(fixture("h200x8_compute_apps.txt"))
+    apps, malformed = smi.parse_node_apps(fixture("h200x8_compute_apps_uuid_pid_mib.txt"))
+    assert malformed == []
+    for app in apps:  # as read_gpus names them: pid 1234 is visible here, the host PIDs are not
+        app["process_name"] = "python3" if app["pid"] == 1234 else None
     apps.append({"pid": 1, "process_name": "x", "gpu_uuid": "GPU-elsewhere", "used_memory_mib": 5,
                  "errors": []})
     joined = smi.join_processes(gpus, apps)
@@ -128,7 +100,7 @@ def test_join_processes_by_uuid():
 
 def test_lxc_empty_process_list_keeps_memory():
     gpus = smi.join_processes(smi.parse_query_gpu(fixture("h200x8_query_gpu.txt")),
-                              smi.parse_compute_apps(fixture("compute_apps_header_only.txt")))
+                              smi.parse_node_apps(NODE_HEADER)[0])
     assert gpus[0]["memory_used_mib"] == 130013
     assert gpus[0]["processes"] == []
 
@@ -276,7 +248,7 @@ import stat
 from ansible_collections.dflash.trainer.plugins.module_utils.target.command import Runner
 
 
-def fake_smi(tmp_path, gpu_fixture, apps_fixture="compute_apps_header_only.txt", rc=0):
+def fake_smi(tmp_path, gpu_fixture, apps_fixture="h200x8_compute_apps_uuid_pid_mib.txt", rc=0):
     script = tmp_path / "nvidia-smi"
     script.write_text(
         "#!/bin/sh\n"

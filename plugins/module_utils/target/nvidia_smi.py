@@ -9,8 +9,8 @@ error values bracketed inside numeric columns (``[N/A]``), ``--query-compute-app
 process prints the header alone (nothing with ``noheader``).
 
 Inside a container the per-GPU memory is right but the process list may be empty or show host
-PIDs and ``[Not Found]`` names: judge memory from ``--query-gpu``, use processes only to name
-holders.
+PIDs (whose names this namespace cannot see): judge memory from ``--query-gpu``, use processes only
+to name holders.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import re
 import stat
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
-APP_FIELDS = ("pid", "process_name", "gpu_uuid", "used_memory")
 
 # The node's process query (trainer_node_gpus): no free text. nvidia-smi prints a process name
 # unquoted and every tenant of the node chooses its own (commas, newlines and all), so a name
@@ -81,12 +80,6 @@ FAILURE_TEXTS = (
     "Unable to determine the device handle",
 )
 
-# Header names as nvidia-smi prints them -> the field names we query with.
-_HEADER_ALIASES = {
-    "used_gpu_memory": "used_memory",
-    "name": "name",
-}
-
 # Every field we query is a count, MiB or %: no sign, and no more digits than a 64-bit value has.
 _NUMBER_RE = re.compile(r"^(\d{1,20}(?:\.\d{1,20})?)(?:\s*(?:MiB|%|W|MHz|C|KiB|GiB))?$")
 # One greedy ".*" (not "\s+(.*?)\s+"): the lazy form backtracks cubically on a long blank line.
@@ -111,10 +104,6 @@ class NvidiaSmiError(ValueError):
 
 def query_gpu_argv(nvidia_smi="nvidia-smi", fields=GPU_FIELDS):
     return [nvidia_smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
-
-
-def query_apps_argv(nvidia_smi="nvidia-smi", fields=APP_FIELDS):
-    return [nvidia_smi, "--query-compute-apps=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
 
 def query_node_apps_argv(nvidia_smi="nvidia-smi"):
@@ -177,25 +166,17 @@ def is_error_value(cell):
     return cell.startswith("[") and cell.endswith("]")
 
 
-def _split(line, nfields, text_index):
-    """Split one CSV row into ``nfields`` stripped cells.
-
-    nvidia-smi does not quote; a comma inside the free-text column (a process or GPU name) is
-    folded back into that column.
-    """
+def _split(line, nfields):
+    """Split one CSV row into ``nfields`` stripped cells. nvidia-smi does not quote: a row with
+    another number of cells raises (nothing is folded back into a column)."""
     cells = [c.strip() for c in line.split(",")]
-    if len(cells) > nfields and text_index is not None:
-        extra = len(cells) - nfields
-        merged = ", ".join(cells[text_index:text_index + extra + 1])
-        cells = cells[:text_index] + [merged] + cells[text_index + extra + 1:]
     if len(cells) != nfields:
         raise NvidiaSmiError("nvidia-smi output: expected %d fields, got %d: %r" % (nfields, len(cells), line))
     return cells
 
 
 def _header_key(cell):
-    name = re.sub(r"\[[^\[\]]*\]$", "", cell.strip()).strip()  # "memory.used [MiB]" -> "memory.used"
-    return _HEADER_ALIASES.get(name, name)
+    return re.sub(r"\[[^\[\]]*\]$", "", cell.strip()).strip()  # "memory.used [MiB]" -> "memory.used"
 
 
 def _looks_like_header(cells, fields):
@@ -223,23 +204,21 @@ def parse_text(cell):
     return cell, None
 
 
-def _rows(text, fields, text_index):
+def _rows(text, fields):
     """Yield dicts field -> raw cell, skipping blank lines and header lines (column order is
     taken from a header when one is present; a header of other fields raises)."""
     order = list(fields)
-    text_field = fields[text_index] if text_index is not None else None
     for raw in (text or "").splitlines():
         line = raw.strip()
         if not line or line == "No running processes found":
             continue
-        cells = _split(line, len(order), text_index)
+        cells = _split(line, len(order))
         if _looks_like_header(cells, fields):
             keys = [_header_key(c) for c in cells]
             if sorted(keys) != sorted(fields):
                 raise NvidiaSmiError("nvidia-smi output: header %r does not match the query (%s)" % (
                     line, ", ".join(fields)))
             order = keys
-            text_index = order.index(text_field) if text_field is not None else None
             continue
         yield dict(zip(order, cells))
 
@@ -256,9 +235,8 @@ def parse_query_gpu(text):
     found" instead), an index that is not a whole number, or an index listed twice.
     """
     gpus = []
-    # No comma folding here (GPU names have none): an extra cell must raise, not shift
-    # memory.total into memory.used.
-    for row in _rows(text, GPU_FIELDS, None):
+    # An extra cell raises (_split): it must not shift memory.total into memory.used.
+    for row in _rows(text, GPU_FIELDS):
         errors = []
 
         def num(field):
@@ -293,37 +271,6 @@ def parse_query_gpu(text):
     if not gpus:
         raise NvidiaSmiError("nvidia-smi output: no GPU rows in %r" % (text or "")[:200])
     return gpus
-
-
-def parse_compute_apps(text):
-    """Parse ``--query-compute-apps=pid,process_name,gpu_uuid,used_memory`` output.
-
-    Returns a list of dicts: pid, process_name, gpu_uuid, used_memory_mib, errors. A name of
-    ``[Not Found]`` (PID not visible from this namespace) becomes None.
-    """
-    apps = []
-    for row in _rows(text, APP_FIELDS, APP_FIELDS.index("process_name")):
-        errors = []
-        pid, err = parse_number(row["pid"])
-        if err:
-            errors.append("pid: %s" % err)
-        name, err = parse_text(row["process_name"])
-        if err:
-            errors.append("process_name: %s" % err)
-        uuid, err = parse_text(row["gpu_uuid"])
-        if err:
-            errors.append("gpu_uuid: %s" % err)
-        used, err = parse_number(row["used_memory"])
-        if err:
-            errors.append("used_memory: %s" % err)
-        apps.append({
-            "pid": pid,
-            "process_name": name,
-            "gpu_uuid": uuid,
-            "used_memory_mib": used,
-            "errors": errors,
-        })
-    return apps
 
 
 # The shapes of the node query's cells: nothing else is a row.
