@@ -8,7 +8,7 @@ second). The "big" log has --gib GiB of earlier starts' lines before it (real li
 written in a few seconds; --sparse makes it a hole, which costs no disk but reads as NUL bytes).
 Times, min and median of --reps runs, with the files in the page cache (both cases alike):
 - status: trainer_status.read_log (seeks to the sidecar's offset, reads the marker and the tail);
-- proof: the restart job's reader (_log_file.LogFileReader), first poll (seeks to the sidecar's offset,
+- proof: the restart job's reader (proof.log_file.LogFileReader), first poll (seeks to the sidecar's offset,
   reads this start);
 - scan fallback: status's read without the sidecar (the file scanned backwards for the marker);
 - no marker: an invocation the log does not hold (the worst fallback: the whole file scanned);

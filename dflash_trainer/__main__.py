@@ -76,7 +76,7 @@ def parse_extravar(text: str) -> dict:
 
 
 # The history table's header: the columns of the lines the status module writes (the collection's
-# _throughput.HISTORY_HEADER, which tests/unit/test_cli.py keeps this equal to)
+# proof.throughput.HISTORY_HEADER, which tests/unit/test_cli.py keeps this equal to)
 HISTORY_HEADER = "RELEASE           CONFIG    WHEN                  VERDICT       TOK/S MEDIAN (P10-P90, N)  SOURCE"
 
 

@@ -1,7 +1,7 @@
 """dflash-trainer check-log: replay a captured log through the readiness proof's judge, offline.
 
 The proof (the restart job on the target) polls the unit, the GPUs and this start's log and hands
-each poll to ``_readiness.Judge``; the log is read by ``_trainer_log.StartLog``. Here the same two
+each poll to ``proof.readiness.Judge``; the log is read by ``proof.trainer_log.StartLog``. Here the same two
 are fed from a file, with the variables a deploy would use (the role defaults of the collection
 that the CLI runs, read at run time, plus ``-e``), so that the regexes and windows can be fitted
 to a trainer in seconds, without a deploy:
@@ -41,10 +41,10 @@ from . import api
 DEFAULT_LINE_INTERVAL_S = 0.5   # as often as the proof polls by default: each poll sees one new line
 CHECK_INVOCATION = "0" * 24 + "c4ec4109"  # the synthesised start's invocation id (32 hex digits)
 MAIN_PID = 4242
-ERROR_EXIT_GRACE_S = 1.0  # the proof's wait for a process that logged an error to exit (_cycle)
+ERROR_EXIT_GRACE_S = 1.0  # the proof's wait for a process that logged an error to exit (job.cycle)
 
 # the options of the proof's run besides the judge's settings (the collection's
-# _readiness.PROOF_SETTINGS, see proof_variables) and the role variables the role passes them
+# proof.readiness.PROOF_SETTINGS, see proof_variables) and the role variables the role passes them
 RUN_VARIABLES = (
     ("gpus", "trainer_gpus"),
     ("measure_s", "trainer_measure_s"),
@@ -54,7 +54,7 @@ RUN_VARIABLES = (
 
 def proof_variables(coll) -> tuple:
     """((option, role variable), ...) check-log reads: every setting of the collection's judge (its one
-    table, _readiness.PROOF_SETTINGS), then RUN_VARIABLES."""
+    table, proof.readiness.PROOF_SETTINGS), then RUN_VARIABLES."""
     return tuple((name, var) for name, (var, _kind, _default) in coll.readiness.PROOF_SETTINGS.items()) + RUN_VARIABLES
 
 

@@ -8,7 +8,7 @@ it names: the module's own check of that interpreter comes after the interpreter
 raw shell script (``script``: no Python) asks the node first - the interpreter's resolved path, its
 owner and mode, and every directory above it and above the directory it is named in (``stat``) - and
 ``problem`` judges the answer as every program root runs is judged on the target
-(``_ownership.program_problem``): a file the login user or root owns, that nobody else may write, in
+(``target.ownership.program_problem``): a file the login user or root owns, that nobody else may write, in
 directories only they may write. The play refuses before the module runs.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def script(path):
 
 
 def facts(text, path):
-    """``script``'s answer -> (facts as ``_ownership.observe_program`` makes them, the login uid)."""
+    """``script``'s answer -> (facts as ``target.ownership.observe_program`` makes them, the login uid)."""
     out = {"path": path, "exists": False}
     chain, seen, uid = [], set(), None
     for line in (text or "").splitlines():
@@ -55,7 +55,7 @@ def facts(text, path):
             continue
     if not out.get("exists"):
         out.pop("found", None)
-    # from / down, as _ownership's chains are
+    # from / down, as target.ownership's chains are
     out["chain"] = sorted(chain, key=lambda c: (c[0].count("/") if c[0] != "/" else 0, c[0]))
     return out, uid
 

@@ -10,7 +10,7 @@ of them at once. The argument spec catches wrong types; this catches values that
 and still dangerous or meaningless: a cache "purge" of the release root, a unit file written as
 ``ssh.service`` or ``../x.service``, a stall window longer than the hold, a regex that matches
 every line. Checks that need the target (a unit of that name that is not ours, GPUs the host
-lacks, a minimum above a GPU's memory) are in ``_target_checks.target_problems`` (a module on the
+lacks, a minimum above a GPU's memory) are in ``plan.target_checks.target_problems`` (a module on the
 target imports it without this file) and run on what the first read returned, still before any change.
 """
 

@@ -1,4 +1,4 @@
-"""_restart_steps.before_start: what the restart job's start call does before the job - the pre-flight
+"""job.steps.before_start: what the restart job's start call does before the job - the pre-flight
 first (a refusal installs nothing), then the install, whose changed files join the job's reasons."""
 import json
 

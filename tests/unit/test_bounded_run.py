@@ -2,7 +2,7 @@
 
 The hung nvidia-smi is the lab's stand-in (lab/fakegpu) in hang mode, run on this host behind a
 wrapper shell that does not exec it (so the hung process is a grandchild: only a kill of the
-whole process group gets it). Modules and the restart job's steps (drain, prove: _cycle) run
+whole process group gets it). Modules and the restart job's steps (drain, prove: job.cycle) run
 in-process against it.
 """
 import json
@@ -189,7 +189,7 @@ def test_read_gpus_turns_a_hang_into_nvidia_smi_error(gpu):
 # modules
 
 def test_the_drain_step_keeps_its_deadline_when_nvidia_smi_hangs(gpu):
-    """The restart job's drain (_restart_steps: a Runner bounded by the drain's deadline)."""
+    """The restart job's drain (job.steps: a Runner bounded by the drain's deadline)."""
     gpu.hang()
     began = time.monotonic()
     with pytest.raises(StepFailed) as exc:
@@ -251,7 +251,7 @@ def test_the_start_step_fails_saying_systemctl_start_hung(tmp_path, monkeypatch)
 
 
 def test_the_proof_fails_saying_nvidia_smi_hung_within_its_deadline(tmp_path, gpu, monkeypatch):
-    """The restart job's proof (_restart_steps: a Runner bounded by the proof's deadline)."""
+    """The restart job's proof (job.steps: a Runner bounded by the proof's deadline)."""
     fake_systemctl(tmp_path, monkeypatch)
     gpu.hang()
     log = tmp_path / "trainer.log"

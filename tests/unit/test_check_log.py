@@ -1,5 +1,5 @@
 """dflash-trainer check-log: captured logs replayed through the proof's own log reader and Judge
-(the collection's _trainer_log / _readiness, the role defaults read from roles/trainer/defaults),
+(the collection's proof.trainer_log / proof.readiness, the role defaults read from roles/trainer/defaults),
 on a simulated clock, offline. Fixtures: tests/unit/fixtures/logs/ (tqdm "\\r" redraws, ANSI
 colours, Megatron, HF Trainer, an import error, a crash mid-run, a stall captured with journalctl)."""
 from __future__ import annotations

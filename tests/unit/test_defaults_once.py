@@ -11,7 +11,7 @@ Nothing here is a hand list of pairs. The pairs are found by scanning:
   (``"{{ __trainer_install_args }}"``), their attributes (``__trainer_install_args.unit``) and
   Jinja dict literals (``{'stale_s': trainer_lock_stale_s, ...}``) are followed into suboptions;
 - the code's own declarations: a module_utils ``VARIABLES`` dict (option -> role variable, e.g.
-  ``_readiness.VARIABLES``) pairs that role variable with the defaults of the dataclass fields of
+  ``proof.readiness.VARIABLES``) pairs that role variable with the defaults of the dataclass fields of
   that name in the same file, and with the option of that name in every module that takes all of
   the dict's options (``trainer_restart``);
 - every ``DEFAULT_<NAME>`` constant of ``plugins/module_utils`` is paired with the one role
@@ -342,7 +342,7 @@ def test_every_code_default_of_a_role_variable_is_the_roles_default(found):
 
 
 def test_the_progress_formats_are_written_once(found):
-    """The regexes the proof reads the log with (_trainer_log's constants) are the role's defaults,
+    """The regexes the proof reads the log with (proof.trainer_log's constants) are the role's defaults,
     character for character (YAML folds the role's copy)."""
     from ansible_collections.dflash.trainer.plugins.module_utils.proof import trainer_log as tl
     d = role_defaults()

@@ -1,5 +1,5 @@
 """Figures and progress as people write them (issue 15, items 1 and 2): the number parser
-(_throughput.parse_figure / read_figure), the default tok/s and step regexes over a table of
+(proof.throughput.parse_figure / read_figure), the default tok/s and step regexes over a table of
 real-looking lines, tqdm's carriage-return updates, counters that wrap or go back, and the judge's
 early word when the step regex reads nothing."""
 import re

@@ -77,8 +77,8 @@ def test_chunking_does_not_change_the_analysis(text, cuts):
 @FUZZ
 @given(st.binary(max_size=400), st.lists(st.integers(0, 10 ** 4), max_size=8))
 def test_invalid_utf8_decoded_as_the_modules_do(data, cuts):
-    """The proof (_log_file.LogFileReader) decodes with an incremental UTF-8 decoder (errors="replace"): a multibyte
-    sequence cut between two reads must give the same analysis as the whole file."""
+    """The proof (proof.log_file.LogFileReader) decodes with an incremental UTF-8 decoder (errors="replace"): a
+    multibyte sequence cut between two reads must give the same analysis as the whole file."""
     prefix = (marker(INV) + "\n").encode()
     data = prefix + data + b"\nstep=3 tok/s=1.0"
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

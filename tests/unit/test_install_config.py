@@ -1,5 +1,5 @@
 """The configuration proved with the last good release (module_utils/target/install.py ProvedConfig) and
-what the restart job does with it (_restart_job.RestartJob): kept after a proof, put back - the
+what the restart job does with it (job.restart.RestartJob): kept after a proof, put back - the
 files that differ, each judged ours first - by a rollback, the same release's included; a first
 deploy that fails says nothing was rolled back."""
 import json

@@ -72,7 +72,7 @@ def test_figures_read_with_the_roles_regexes_are_the_collections(line):
 
 
 def test_the_job_and_the_launcher_never_lose_each_others_ledger_entries(tmp_path):
-    """Two writers, one ledger: the restart job appends verdicts (_ledger.append_ledger) while
+    """Two writers, one ledger: the restart job appends verdicts (release.ledger.append_ledger) while
     the launcher records a death (its read-modify-write under its copy of the lock). Racing 40
     writes each, every entry of both is there (without the shared flock, writes get lost)."""
     path = str(tmp_path / "ledger.json")
@@ -148,7 +148,7 @@ def test_exit_words_and_masking():
     secrets = L.secrets_of({"HF_TOKEN": "hf_abcdef", "PATH": "/usr/bin", "X": "ab", "DFLASH_RELEASE": "r1"})
     assert secrets == ["hf_abcdef"]
     assert L.mask("RuntimeError: token hf_abcdef refused", secrets) == "RuntimeError: token *** refused"
-    # a number as _secrets.mask does: where it stands alone, never inside another
+    # a number as target.secrets.mask does: where it stands alone, never inside another
     assert L.mask("40.3K tok/s, startup 0.3 s", L.secrets_of({"S": "0.3"})) == "40.3K tok/s, startup *** s"
 
 

@@ -1,4 +1,4 @@
-"""_log_tail: the last lines of one start's log and the lines appended since an offset (logs -n, -f)."""
+"""proof.log_tail: the last lines of one start's log and the lines appended since an offset (logs -n, -f)."""
 from __future__ import annotations
 
 import json

@@ -2,7 +2,7 @@
 """One reader for every source of a start's lines: the trainer's log (StartLog, after this start's
 marker) and its own progress file (trainer_progress_path) understand the same formats - plain lines
 read by the regexes, JSONL records ({"step": N, "tok_s": X}) - with the same parser
-(_trainer_log.ProgressAnalysis), so the same lines give the same steps, tok/s, ready line and errors
+(proof.trainer_log.ProgressAnalysis), so the same lines give the same steps, tok/s, ready line and errors
 wherever the trainer writes them. A log without records reads exactly as before (LogAnalysis)."""
 
 import glob

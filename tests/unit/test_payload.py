@@ -1,11 +1,11 @@
 """What a module ships to the target: Ansible packs a module with every module_utils file it imports,
 directly or through another (the AnsiballZ payload, built for each remote call). The status read
 (trainer_status) is the one call of a deploy that changes nothing, so its payload is kept to what it
-uses: the restart job's state file is read through _job_state, never through the restart job's
-machinery (_restart_job -> _cycle -> _readiness, _progress_file, ...), the release pointers through
-_release_root (which needs nothing of the release's archive or scan), the ledger through _ledger, and
-what only trainer_begin decides (the lock, what the run may write) is _begin's. Each file of state has
-one owner: the ledger (_ledger), the job's state (_job_state), current and last_good (_release_root).
+uses: the restart job's state file is read through job.state, never through the restart job's
+machinery (job.restart -> job.cycle -> proof.readiness, proof.progress_file, ...), the release pointers through
+release.root (which needs nothing of the release's archive or scan), the ledger through release.ledger, and
+what only trainer_begin decides (the lock, what the run may write) is plan.begin's. Each file of state has
+one owner: the ledger (release.ledger), the job's state (job.state), current and last_good (release.root).
 bench/payload.py measures each module's payload with Ansible's own builder."""
 import ast
 import json
@@ -23,12 +23,12 @@ MODULES = os.path.join(ROOT, "plugins", "modules")
 PREFIX = "ansible_collections.dflash.trainer.plugins.module_utils"
 
 # trainer_status: 24 module_utils files (7827 lines) when it read the job's state through
-# _restart_job; 19 (5374 lines) with the lock and ownership helpers in _status and _release_scan /
-# _preflight shipped for two constants; 17 (about 3500 lines) since _begin, _ledger, _marks and a
-# _release_root of its own; about 3800 with what the read itself must judge: the time bound on the user's
-# regexes over this start's log (_trainer_log), nvidia-smi's exit codes by name and the device nodes CUDA
-# opens (_nvidia_smi) - the status read is also the deploy's first read, before anything is stopped; about
-# 4050 with the JSONL records it reads in this start's log (_trainer_log.ProgressAnalysis: the one parser of
+# job.restart; 19 (5374 lines) with the lock and ownership helpers in plan.status and release.scan /
+# proof.preflight shipped for two constants; 17 (about 3500 lines) since plan.begin, release.ledger, target.marks and a
+# release.root of its own; about 3800 with what the read itself must judge: the time bound on the user's
+# regexes over this start's log (proof.trainer_log), nvidia-smi's exit codes by name and the device nodes CUDA
+# opens (target.nvidia_smi) - the status read is also the deploy's first read, before anything is stopped; about
+# 4050 with the JSONL records it reads in this start's log (proof.trainer_log.ProgressAnalysis: the one parser of
 # the log and the progress file)
 STATUS_MAX_FILES = 17
 STATUS_MAX_LINES = 4100
@@ -126,7 +126,7 @@ def test_the_status_read_returns_no_lock():
 
 
 def test_the_job_state_file_has_one_owner():
-    """Readers and the writer of restart.json meet in _job_state, which needs nothing of the cycle,
+    """Readers and the writer of restart.json meet in job.state, which needs nothing of the cycle,
     and every judge of whether a job ended asks its job_end."""
     assert closure_of(os.path.join(UTILS, "job/state.py")) <= {"target.private_file"}
     assert "job.state" in imported_utils(os.path.join(MODULES, "trainer_begin.py"))

@@ -53,7 +53,7 @@ def test_only_the_newest_entry_of_the_running_release_is_running(rows):
 
 def test_thresholds_follow_the_gate_rule_of_the_collection(entries, rows):
     """ratio x the median of the entry before that was proved, where the gate judges it (another release),
-    as _throughput.previous_proved and gate judge it."""
+    as proof.throughput.previous_proved and gate judge it."""
     pts = plot.points(rows, min_ratio=0.9)
     for i, p in enumerate(pts):
         prev = t.previous_proved(entries[:i])

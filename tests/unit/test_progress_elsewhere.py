@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Where the trainer writes its progress when its log shows none (_progress_elsewhere), and the
+"""Where the trainer writes its progress when its log shows none (proof.progress_elsewhere), and the
 Judge's word on it: named while the proof waits, the verdict by FAIL_AFTER_S (not the deadline)."""
 import stat
 import types

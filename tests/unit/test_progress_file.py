@@ -377,7 +377,7 @@ def test_a_symlink_to_a_file_the_collection_writes_is_refused_by_where_it_resolv
         link, tmp_path / "etc" / "trainer.env"))
 
 
-# --- the proof (_cycle.prove) of a trainer that writes its progress to its own file -------------
+# --- the proof (job.cycle.prove) of a trainer that writes its progress to its own file -------------
 
 HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
 

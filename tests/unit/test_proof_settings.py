@@ -1,4 +1,4 @@
-"""The proof's settings are one table: the fields of _readiness.Expectations that name a role variable
+"""The proof's settings are one table: the fields of proof.readiness.Expectations that name a role variable
 (PROOF_SETTINGS). A setting is added there - a field, its role default, its argument spec entry and its use
 in the judge - and reaches the role (the proof_options filter), trainer_restart (its ``proof`` option),
 the job's Expectations and the CLI's check-log with no other edit. These tests hold the table to the

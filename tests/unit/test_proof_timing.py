@@ -1,5 +1,5 @@
 """The proof's verdict comes when the hold ends, not a poll interval later (module_utils/proof/readiness.py:
-Judge.wake_at; _cycle.prove asks the waiter to wake then); with the log read between the observations
+Judge.wake_at; job.cycle.prove asks the waiter to wake then); with the log read between the observations
 (the restart job's), the hold begins when the log showed its step, and a stall is timed by the same reads."""
 import math
 

@@ -891,7 +891,7 @@ def test_drain_single_sample_when_consecutive_is_one():
 
 
 # ---------------------------------------------------------------------------------------------
-# the proof's pieces (_cycle), as the restart job uses them
+# the proof's pieces (job.cycle), as the restart job uses them
 
 from ansible_collections.dflash.trainer.plugins.modules import trainer_restart
 

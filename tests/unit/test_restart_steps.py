@@ -36,10 +36,10 @@ def params(tmp_path, **over):
     return p
 
 
-# --- Steps: each step calls its _cycle function with the module's parameters ---------------------
+# --- Steps: each step calls its job.cycle function with the module's parameters ---------------------
 
 class Calls(object):
-    """Stands in for one _cycle function: records (args, kwargs), returns or raises ``out``."""
+    """Stands in for one job.cycle function: records (args, kwargs), returns or raises ``out``."""
 
     def __init__(self, out=None):
         self.out, self.calls = out, []
@@ -67,7 +67,7 @@ def test_steps_stop_start_and_purge_pass_the_unit_and_the_bounds(tmp_path, monke
 
 
 def test_a_refused_purge_is_a_failed_step_in_the_purges_words(tmp_path):
-    """The purge (_inductor_cache) refuses a directory that is not a cache: the job's step fails with
+    """The purge (target.inductor_cache) refuses a directory that is not a cache: the job's step fails with
     its words (the job then brings the trainer back), and nothing is deleted."""
     cache = tmp_path / "ckpt"
     cache.mkdir()

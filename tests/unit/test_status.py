@@ -441,7 +441,7 @@ def test_gpu_fields():
     assert s.gpu_fields([]) == {"gpus_mib": {}, "gpus": []}
 
 
-# --- the first read's plan (_plan.make_plan): a deploy that changes nothing is a no-op ------------------
+# --- the first read's plan (plan.decide.make_plan): a deploy that changes nothing is a no-op ------------------
 
 def _proved(**kw):
     status = dict(running=True, running_release="r1", current_release="r1", last_good="r1",

@@ -1,6 +1,6 @@
 """The deliberate stop (trainer_restart state=stop, module_utils/job/stop.py): what it stops and says,
-what it records, how status reads it (_status.stopped_on_purpose, _throughput.health), and the
-metrics file's directory that must exist (_ownership.missing_dir_problem)."""
+what it records, how status reads it (plan.status.stopped_on_purpose, proof.throughput.health), and the
+metrics file's directory that must exist (target.ownership.missing_dir_problem)."""
 import json
 import os
 

@@ -92,7 +92,7 @@ def test_validate_words_its_problems_with_the_same_objects():
 
 
 def test_the_target_checks_are_imported_from_their_owner():
-    """The controller's callers import them from _target_checks, as trainer_begin does; _validate does not
+    """The controller's callers import them from plan.target_checks, as trainer_begin does; _validate does not
     pass them on."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(SOURCE))))
     for path in ("plugins/action/trainer_validate.py", "plugins/modules/trainer_begin.py"):
@@ -119,7 +119,7 @@ def test_imports_nothing_of_the_collection():
 
 
 def test_the_units_mark_is_the_one_the_unit_file_carries():
-    """The mark that says a unit is ours is written twice (here, stdlib only, and in _ownership): both are the
+    """The mark that says a unit is ours is written twice (here, stdlib only, and in target.ownership): both are the
     words the role's unit template writes into Description=."""
     from ansible_collections.dflash.trainer.plugins.module_utils.target import ownership as _ownership
     template = os.path.join(os.path.dirname(SOURCE), "..", "..", "..", "roles", "trainer", "templates", "trainer.service.j2")

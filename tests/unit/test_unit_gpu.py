@@ -1,4 +1,4 @@
-"""Whose GPU memory (module_utils/proof/unit_gpu.py, _cycle.prove): the proof counts the memory the trainer unit's
+"""Whose GPU memory (module_utils/proof/unit_gpu.py, job.cycle.prove): the proof counts the memory the trainer unit's
 processes hold - nvidia-smi's processes attributed by control group - never memory another process allocated
 after the start; where nvidia-smi cannot say whose memory it is, today's baseline rule, said in words."""
 import pytest

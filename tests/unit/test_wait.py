@@ -297,7 +297,7 @@ def test_the_watch_after_the_proof_ends_when_the_unit_cannot_be_read():
     assert props is running and seconds == 0.0 and clock.slept == [1]
 
 
-# --- the proof (_cycle.prove) on a fake trainer ---------------------------------------------------
+# --- the proof (job.cycle.prove) on a fake trainer ---------------------------------------------------
 
 INV = "6f0c1b7e2a8d4c5e9f1a2b3c4d5e6f70"
 HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"

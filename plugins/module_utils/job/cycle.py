@@ -1,13 +1,14 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The restart cycle's steps - stop, drain, start, prove; the purge is ``_inductor_cache``'s - as
-functions of a command runner and a clock, used by the restart job (trainer_restart, _restart_steps), which runs the
+"""The restart cycle's steps - stop, drain, start, prove; the purge is ``target.inductor_cache``'s - as
+functions of a command runner and a clock, used by the restart job (trainer_restart, job.steps), which runs the
 whole cycle, and the rollback, on the target so that nothing the controller does is load-bearing
 after the stop.
 
 A step returns its details or raises ``StepFailed`` (message + details). Every command is bounded
-(``_run``); every wait is ``_wait.poll_until`` over a judge (``_readiness``), with an injectable clock and sleep.
+(``target.command``); every wait is ``job.wait.poll_until`` over a judge (``proof.readiness``), with an
+injectable clock and sleep.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def _ticker(tick):
 
 
 # ---------------------------------------------------------------------------------------------
-# (purge: _inductor_cache.purge, beside its judge of what the cache holds)
+# (purge: target.inductor_cache.purge, beside its judge of what the cache holds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ def measured(analysis, marks, now, window_s):
 
 
 def ours(gpus_mib, baseline):
-    """Memory the trainer holds where nvidia-smi cannot say whose memory is whose (``_unit_gpu``: no
+    """Memory the trainer holds where nvidia-smi cannot say whose memory is whose (``proof.unit_gpu``: no
     process listed, host PIDs): each GPU's reading less what it held before the start (the drain's last
     sample: another tenant's memory, a residue below the drain limit), never below 0."""
     if not baseline:
@@ -277,23 +278,23 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
     (default the hold), and the user's named figures) or FAILED (StepFailed with the reason and
     the log tail). A ``measure_s`` longer than the hold keeps watching after READY; the trainer
     failing then fails the proof. The trainer's GPU memory is what the unit's processes hold
-    (``_unit_gpu.unit_memory``: nvidia-smi's processes by control group; ``cgroup_of`` reads a pid's);
+    (``proof.unit_gpu.unit_memory``: nvidia-smi's processes by control group; ``cgroup_of`` reads a pid's);
     where nvidia-smi cannot say whose memory is whose, each GPU's reading less ``baseline`` ({index: MiB}
     held before the start, never counted as the trainer's: see ``ours``), and the proof says so
     (``gpu_memory``). ``progress_path``: the trainer's own progress file, read from
-    ``progress_from`` (``_progress_file.progress_start``, taken right before the start): progress
+    ``progress_from`` (``proof.progress_file.progress_start``, taken right before the start): progress
     comes from it, the marker, the exit reason and the tail from ``log_path``, errors from both
-    (``_progress_file.ProgressView``). ``log_interval_s`` (shorter than ``interval_s``): the log alone is
+    (``proof.progress_file.ProgressView``). ``log_interval_s`` (shorter than ``interval_s``): the log alone is
     read this often between the observations of the unit and the GPUs, so that the Judge times a step and
     the hold's start when the log showed them (``Snapshot.step_seen_at``, ``log_ready_at``), and an error
     line is judged at once; None: the log is read with each observation only. ``paused``: the
-    ``_wait.PausedClock`` to read time and sleep with (in place of ``clock`` and ``sleep``) - time the proof did
+    ``job.wait.PausedClock`` to read time and sleep with (in place of ``clock`` and ``sleep``) - time the proof did
     not run (its container frozen) is not the trainer's: the verdict says how long it was (``paused_s``)."""
     if paused is not None:
         clock, sleep = paused.clock, paused.sleep
     # the searches of each line run under a time bound that ends at the proof's deadline at the latest
-    # (_trainer_log.LineBound): a regex that backtracks without end on a real line ends the proof as a verdict naming
-    # it, never holds the job (and its lease) past the deadline
+    # (proof.trainer_log.LineBound): a regex that backtracks without end on a real line ends the proof as a
+    # verdict naming it, never holds the job (and its lease) past the deadline
     bound = LineBound(clock=clock)
     follower = StartLog(expect.invocation_id, ready_regex=regexes["ready_regex"],
                         step_regex=regexes["step_regex"], tokps_regex=regexes["tokps_regex"],
@@ -368,7 +369,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
                 progress.finish()
         # a log that lost this start's marker (truncated or replaced by something else, and no
         # continuation marker from the launcher) cannot prove it
-        # nor can a progress file that is not the trainer's own (_progress_file.trust_problem)
+        # nor can a progress file that is not the trainer's own (proof.progress_file.trust_problem)
         return props, gpus, reader.problem(clock(), LOG_LOST_GRACE_S) or (progress and progress.problem)
 
     def snapshot(props, gpus, elapsed):
@@ -382,7 +383,7 @@ def prove(run, systemctl, nvidia_smi, unit, log_path, expect, regexes, interval_
                         log=analysis(), step_seen_at=seen["step_at"], log_ready_at=seen["ready_at"],
                         elsewhere=look_elsewhere(props, elapsed))
 
-    # a log without progress: where the trainer writes it (_progress_elsewhere), looked for now and then
+    # a log without progress: where the trainer writes it (proof.progress_elsewhere), looked for now and then
     finder = None if progress else Finder(exclude=[log_path, log_path + ".start"])
 
     def look_elsewhere(props, elapsed):

@@ -14,7 +14,7 @@ DEFAULT_LOCK_LEASE_S = 15
 
 def proof_option(name):
     """The top-level option of proof setting ``name``: its type and default are the judge's
-    (_readiness.Expectations, the one table)."""
+    (proof.readiness.Expectations, the one table)."""
     _variable, kind, default = PROOF_SETTINGS[name]
     if kind == "tuple":
         return dict(type="list", elements="str", default=list(default))

@@ -64,11 +64,11 @@ class RestartJob(object):
         # the release to run: current is switched to it (under the lease, before the stop); None - current's
         self.target = release
         self.lease = lease  # .check() raises LeaseLost once the deploy lock is not ours
-        # the configuration id of what a start runs (_config_id: a keyed hash of the installed command and
+        # the configuration id of what a start runs (target.config_id: a keyed hash of the installed command and
         # environment, for the ledger): a callable read at each start, or a str; None - unknown
         self.config_id = config_id
         # the configuration (unit, environment file, launcher) proved with the last good release:
-        # .kept_for(rid), .keep(rid), .restore(rid) -> names restored (_install.ProvedConfig); None - not kept
+        # .kept_for(rid), .keep(rid), .restore(rid) -> names restored (target.install.ProvedConfig); None - not kept
         self.config = config
         self.source = source
         self.min_tokps_ratio = min_tokps_ratio
@@ -144,7 +144,7 @@ class RestartJob(object):
 
     def run(self):
         """The restart and, on failure, its restore or rollback -> the result dict (its keys: those
-        of ``_job_result.FIELDS``; built as a ``JobResult``, so no other key can appear). Once the
+        of ``job.result.FIELDS``; built as a ``JobResult``, so no other key can appear). Once the
         deploy lock is no longer this job's, nothing more is stopped, switched or started."""
         try:
             return self._run()

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The restart job's result: every key it may hold, declared once.
 
-The job (``_restart_job.RestartJob.run``, and ``_restart_steps.run_restart`` when it stops before
+The job (``job.restart.RestartJob.run``, and ``job.steps.run_restart`` when it stops before
 the cycle) returns a dict that the module returns as ``result`` (``trainer_restart``), that the
 role reads (``__trainer_job.result``), that the job's state file keeps, and that the Python API
 reads from the runner's events (``dflash_trainer.results``). ``FIELDS`` is that dict's

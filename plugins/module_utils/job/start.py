@@ -5,7 +5,7 @@
 (O(state=start), O(state=stop)) and of ``trainer_begin`` (a plan that restarts what is already on
 the target starts its job in the same call as the read: one remote call).
 
-``start_job`` checks that no other job runs, pre-flights and installs (``_restart_steps.before_start``),
+``start_job`` checks that no other job runs, pre-flights and installs (``job.steps.before_start``),
 detaches the job, waits until it has recorded itself and watches it for ``p["wait_s"]`` ->
 (ok, fields): the fields trainer_restart O(state=start) returns, ``not_started`` and ``lock_holder``
 among them. ``job_params`` makes the job's parameters from a plan and the role's ``job`` settings

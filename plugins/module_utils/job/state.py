@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The restart job's state file (``trainer_job_state_path``, restart.json): its one owner.
 
-The restart job (``_restart_steps``) writes its phase and, at the end, its outcome here; every
+The restart job (``job.steps``) writes its phase and, at the end, its outcome here; every
 reader - the job's own watch (``trainer_restart``), the status read and the lock's wait for an
 earlier play's job (``trainer_begin``) - reads it through these functions, and every judge of
 whether a job ended asks ``job_end``. Small on purpose, with

@@ -6,7 +6,7 @@
 ``Steps`` binds the cycle's steps (systemd, GPUs, the log) to the module's parameters and
 ``Layout`` the release root; ``run_restart`` is the job's entry (the lease, the state file, the
 outcome); ``detach`` runs it in a grandchild detached from the connection; ``job_recorded`` and
-``job_ended`` judge the job's state file for the one waiter (``_wait.poll_until``); ``summary``,
+``job_ended`` judge the job's state file for the one waiter (``job.wait.poll_until``); ``summary``,
 ``job_message`` and ``wait_report`` shape what the module returns; ``before_start`` pre-flights
 and installs in the same remote call, before the job is started.
 
@@ -305,8 +305,8 @@ def before_start(p, get_bin_path, run, systemctl, install=True):
     ``p["preflight"]`` (while the old trainer runs; its environment: ``p["environment_json"]``) and
     the install of ``p["install"]`` (the launcher, environment file ``p["env_content"]`` and unit), the play's lease renewed meanwhile (a pre-flight may outlast
     it) -> the fields for the module's result (``preflight``, ``install``); the files that changed
-    join ``p["reasons"]``. Raises _preflight.Refused (nothing installed) or
-    _install.InstallError (nothing stopped)."""
+    join ``p["reasons"]``. Raises proof.preflight.Refused (nothing installed) or
+    target.install.InstallError (nothing stopped)."""
     fields = {}
     lock = dict(path=p["lock_path"], token=p["lock_token"], lease_s=p["lock_lease_s"]) if p["lock_path"] else None
     with play_lease(lock):

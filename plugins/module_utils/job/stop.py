@@ -15,8 +15,8 @@ detached from the connection (a lost link never leaves a half-told stop). The jo
   -> disable (only when asked: the unit then stays stopped across a reboot of the container)
 
 and its result's ``stopped`` says what it stopped. ``StopJob`` takes its steps as callables, so
-tests drive it with fakes; ``run_stop`` wires it to the module's parameters (``_restart_steps``'s
-``Steps`` and ``JobRecord``); status judges what it recorded with ``_status.stopped_on_purpose``.
+tests drive it with fakes; ``run_stop`` wires it to the module's parameters (``job.steps``'s
+``Steps`` and ``JobRecord``); status judges what it recorded with ``plan.status.stopped_on_purpose``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class StopJob(object):
         self.on_phase(name, **kw)
 
     def run(self):
-        """-> the result dict (``_job_result`` keys): ``stopped`` says what was stopped, by whom, when."""
+        """-> the result dict (``job.result`` keys): ``stopped`` says what was stopped, by whom, when."""
         stopped = {}
         try:
             self.phase("looking")

@@ -110,7 +110,7 @@ class PausedClock(object):
     (as long as it asked) or works (a command, a read: a second or two); a gap more than ``late_s`` longer than
     the sleeps in it means the process did not run - its container frozen (a suspend-mode backup), the machine
     suspended - and that time (``paused_s`` in all) is taken out of every elapsed time read through ``clock``: a
-    wait judges the time it ran (a trainer frozen with it made no progress either). A ``_run.Runner`` on this
+    wait judges the time it ran (a trainer frozen with it made no progress either). A ``target.command.Runner`` on this
     clock reads it every second while a command runs: a freeze then is not counted against the command's bound,
     a hang is. ``clock`` and ``sleep`` go to ``poll_until`` (and to whatever shares its deadline)."""
 

@@ -2,8 +2,8 @@
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What trainer_begin (the first read of a locked entry point) decides besides the read it shares with
-trainer_status (``_status_read``): what the run may write (O(owned)), judged before the lock is
-taken, and the deploy lock (O(lock)) with the restart job that may hold it. Kept out of ``_status``
+trainer_status (``plan.status_read``): what the run may write (O(owned)), judged before the lock is
+taken, and the deploy lock (O(lock)) with the restart job that may hold it. Kept out of ``plan.status``
 so that the read-only status ships neither the lock nor the ownership judges.
 """
 
@@ -20,11 +20,11 @@ from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import don
 
 def ownership_problems(owned, look=observe):
     """[variable: why] for what the run may not write or delete; ``look(path, kind)`` observes
-    each path (``_ownership.observe``: resolved on this host)."""
+    each path (``target.ownership.observe``: resolved on this host)."""
     targets = []
     for item in owned or []:
         variable, kind, path = item.get("variable"), item.get("kind"), item.get("path")
-        # a program may be a name, looked up on the target (_ownership.program_item)
+        # a program may be a name, looked up on the target (target.ownership.program_item)
         if kind not in KINDS or not isinstance(path, str) or not (path.startswith("/") or kind == PROGRAM and path):
             return ["%s: the role passed an unknown kind %r or a relative path" % (variable, kind)]
         targets.append((variable, kind, look(path, kind)))
@@ -48,7 +48,7 @@ def refusal_message(refused):
 # the lock (O(lock)) and the restart job that may hold it
 
 def lock_holder_job(out, state, alive):
-    """The restart job's ``state`` when the lock was refused (``out``, a ``_lock.Outcome``)
+    """The restart job's ``state`` when the lock was refused (``out``, a ``job.lock.Outcome``)
     because that job holds it and still runs (``alive(state)``); else None."""
     record = out.record
     if out.ok or out.action != REFUSE or not record or not record.get("job"):
@@ -57,7 +57,7 @@ def lock_holder_job(out, state, alive):
 
 
 def lock_refusal(out):
-    """fail_json's arguments for a lock not taken (``out``, a ``_lock.Outcome``)."""
+    """fail_json's arguments for a lock not taken (``out``, a ``job.lock.Outcome``)."""
     return dict(msg=out.msg, action=out.action, lock_refused=True,
                 **(dict(owner=out.owner()) if out.action == REFUSE else {}))
 

@@ -7,10 +7,10 @@ The module gathers facts (the unit's properties, the running trainer's environme
 log, ``current`` and ``last_good``, the ledger, the restart job's state, nvidia-smi's GPUs), hands
 them to the pure functions here and reports what they return. The few readers here take paths
 (``release_from_proc``, ``read_log``, ``read_log_chunk``; ``current`` and ``last_good`` are read by
-``_release_root``, the ledger by ``_ledger``) and judge nothing; the judges of the module's waits
-(``start_ended``, ``log_arrived``) are pure predicates for the one waiter (``_wait.poll_until``).
+``release.root``, the ledger by ``release.ledger``) and judge nothing; the judges of the module's waits
+(``start_ended``, ``log_arrived``) are pure predicates for the one waiter (``job.wait.poll_until``).
 What only trainer_begin decides - what the run may write, the lock and the restart job that may
-hold it - is ``_begin``'s: a read-only status ships no lock.
+hold it - is ``plan.begin``'s: a read-only status ships no lock.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def job_summary(job, alive):
 def unit_fields(props, seconds, environ_release=None):
     """The status of the unit from its properties (``systemctl show``): the answer's fields that
     are returned always, with the running release as read from the environment of its processes
-    (``environ_release``) and ``seconds`` it has run (``_systemd.runtime_s``)."""
+    (``environ_release``) and ``seconds`` it has run (``target.systemd.runtime_s``)."""
     running = is_running(props)
     return dict(
         changed=False,
@@ -225,7 +225,7 @@ def status_health(ledger, status, seconds, now, stopped=None):
     """RV(health) of the status fields gathered so far (``status``) against the ledger: the
     release judged is the running one, else the log's, else ``current``; this start began
     ``seconds`` (its runtime) before ``now`` (wall clock, s); ``stopped``: the deliberate stop on
-    record that still holds (``_stop_job.stopped_on_purpose``), or None."""
+    record that still holds (``stopped_on_purpose`` below), or None."""
     running = status["running"]
     started = now - seconds if running and seconds is not None else None
     release = status.get("running_release") or status.get("log_release") or status.get("current_release")
@@ -234,7 +234,7 @@ def status_health(ledger, status, seconds, now, stopped=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# a deliberate stop (trainer_restart state=stop, _stop_job), as status reads it
+# a deliberate stop (trainer_restart state=stop, job.stop), as status reads it
 
 # the job state's ``kind`` of a deliberate stop (a restart job's state has none)
 STOP_KIND = "stop"

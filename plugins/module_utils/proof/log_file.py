@@ -7,7 +7,7 @@ What opens, seeks and reads the log (and reads the clock): the launcher's sideca
 (``sidecar_path``, ``read_sidecar``), finding where this start begins in an open file
 (``StartLocation``, ``scan_for_start``, ``locate_start``), reading it once (``read_start``, for
 status) and following it across polls (``LogFileReader``, the proof's reader). What the lines
-say is worked out by the pure ``_trainer_log`` (``StartLog``, ``ProgressAnalysis``: plain lines
+say is worked out by the pure ``proof.trainer_log`` (``StartLog``, ``ProgressAnalysis``: plain lines
 and JSONL records, as the trainer's progress file is read).
 """
 

@@ -5,7 +5,7 @@
 ``logs -f``).
 
 Reads from where the start begins (the launcher's sidecar ``<log>.start``, else a backward scan;
-see ``_log_file.locate_start``), never from byte 0, and at most ``max_bytes`` per call: the
+see ``proof.log_file.locate_start``), never from byte 0, and at most ``max_bytes`` per call: the
 last lines come from a window at the end of the file. A follower passes back the ``offset`` and
 ``inode`` it was given; a log rotated meanwhile (another inode) is finished in ``<log>.1`` when that
 is the file it was reading, then read from this start's continuation marker in the new file. Only

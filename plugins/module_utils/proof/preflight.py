@@ -339,7 +339,7 @@ def launcher_check(launcher_text, path):
 
 # the pre-flight's options; trainer_restart's `preflight` takes them as
 # suboptions (PREFLIGHT_SUBOPTIONS) but the secret, its top-level environment_json (no_log: see
-# _install.INSTALL_OPTIONS for why a secret is never a suboption)
+# target.install.INSTALL_OPTIONS for why a secret is never a suboption)
 PREFLIGHT_OPTIONS = dict(
     release_dir=dict(type="path", required=True),
     command=dict(type="list", elements="str", required=True),

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Where the trainer writes its progress when this start's log shows none: the files its processes
 hold open for writing (``/proc/<pid>/fd`` of the unit's control group) that grow and whose last
-lines look like progress (``_trainer_log.looks_like_progress``, or a JSONL record with a "step").
+lines look like progress (``proof.trainer_log.looks_like_progress``, or a JSONL record with a "step").
 
 A trainer that logs through a ``logging.FileHandler`` or writes a metrics JSONL file prints next to
 nothing on stdout: the proof cannot read its progress, and without this it would wait for its whole
@@ -11,7 +11,7 @@ ready timeout before saying "no line matching ...". The restart job's proof look
 ``LOOK_AFTER_S`` of a log without progress and names the file and the setting that reads it
 (``trainer_progress_path``); the Judge fails at ``FAIL_AFTER_S`` saying so, never later.
 
-Only a file the safe judge of progress files accepts counts (``_progress_file.trust_problem``: a
+Only a file the safe judge of progress files accepts counts (``proof.progress_file.trust_problem``: a
 regular file root owns and only root may write, in a directory only root may write): another
 user's file is never named as the trainer's progress. The files are only read (their last
 ``TAIL_BYTES``), never written. ``scan`` takes the file system functions it uses, for tests.

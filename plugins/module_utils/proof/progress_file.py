@@ -16,10 +16,10 @@ between polls, so a file the trainer renames away (its own rotation) is read to 
 the new one is read from 0.
 
 Its lines are read as the trainer's log is read, by the one reader of both
-(``_trainer_log.ProgressAnalysis``): a line is a JSONL record when it parses as a JSON object with
+(``proof.trainer_log.ProgressAnalysis``): a line is a JSONL record when it parses as a JSON object with
 a ``"step"`` key (``step``, and ``tok_s`` when present, are taken from it; a record with a readable
 ``tok_s`` is a throughput line); any other line goes through the usual regexes
-(``_trainer_log.LogAnalysis``). What this module adds is where this start's part of the file
+(``proof.trainer_log.LogAnalysis``). What this module adds is where this start's part of the file
 begins, whose file it is, and the Judge's view that joins it to the launcher's log.
 
 The start marker is not in this file: the launcher writes it to its own log. ``ProgressView``
@@ -103,7 +103,7 @@ class ProgressFileReader(object):
 
     ``start``: ``progress_start``'s record (None: read the whole file); ``trust``: judges whose
     file it is (``trust_problem``; a file it refuses is not read). ``poll()`` feeds what was
-    appended since the last poll to ``analysis`` (a ``_trainer_log.ProgressAnalysis``: the
+    appended since the last poll to ``analysis`` (a ``proof.trainer_log.ProgressAnalysis``: the
     trainer's log is read with the same); ``finish()`` takes a last line without a newline. ``source``: where the first read began ("the start offset N",
     "byte 0 (...)"); ``resets``: how often the file was read again from byte 0 since (replaced,
     truncated, rewritten); ``problem``: why the file cannot be read (not a regular file), else
@@ -272,7 +272,7 @@ class ProgressView(object):
     launcher's last line) and ``tail`` come from the launcher's log (``follower``: its
     ``StartLog``); ``errors`` from both; everything else - the ready line, steps, tok/s, named
     figures, problems, line_count - from the progress file (``progress``: a
-    ``_trainer_log.ProgressAnalysis``, as the launcher's log's own analysis is)."""
+    ``proof.trainer_log.ProgressAnalysis``, as the launcher's log's own analysis is)."""
 
     def __init__(self, follower, progress):
         self.follower = follower

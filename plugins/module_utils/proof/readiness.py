@@ -99,11 +99,11 @@ class Verdict:
 @dataclass
 class Snapshot:
     """One poll: ``now`` (monotonic s), ``unit`` (systemctl show props), ``gpus_mib``
-    ({index: MiB or None}), ``log`` (what this start's lines show: a ``_trainer_log.ProgressAnalysis``,
+    ({index: MiB or None}), ``log`` (what this start's lines show: a ``proof.trainer_log.ProgressAnalysis``,
     which reads plain lines and JSONL records alike, or a ``LogAnalysis``; its ``marker`` is None until
     our marker line was seen).
 
-    A caller that reads the log more often than the unit and the GPUs (the proof: ``_cycle.prove``)
+    A caller that reads the log more often than the unit and the GPUs (the proof: ``job.cycle.prove``)
     says when the log showed what it shows, in the same clock: ``step_seen_at``, when its highest
     step value was first read; ``log_ready_at``, when its conditions (a ready line, ``min_steps``
     step values) first all held. The Judge times progress and the hold's start by them when they fall
@@ -115,7 +115,7 @@ class Snapshot:
     step_seen_at: float = None
     log_ready_at: float = None
     # (path, line): a file the trainer writes whose lines read as progress while this start's log
-    # shows none (``_progress_elsewhere``); None: none found, or not looked for
+    # shows none (``proof.progress_elsewhere``); None: none found, or not looked for
     elsewhere: tuple = None
 
 
@@ -152,7 +152,7 @@ class Expectations:
     timeout_s: float = _proof_setting(DEFAULT_TIMEOUT_S, "trainer_ready_timeout_s")
     tail_lines: int = _proof_setting(20, "trainer_log_tail_lines")
     ready_regex: str = _proof_setting(DEFAULT_READY_REGEX, "trainer_ready_regex")
-    # how this start's log is read (_trainer_log.StartLog) and how often the proof polls
+    # how this start's log is read (proof.trainer_log.StartLog) and how often the proof polls
     step_regex: str = _proof_setting(DEFAULT_STEP_REGEX, "trainer_step_regex")
     tokps_regex: str = _proof_setting(DEFAULT_TOKPS_REGEX, "trainer_tokps_regex")
     error_regexes: tuple = _proof_setting(DEFAULT_ERROR_REGEXES, "trainer_error_regexes")

@@ -2,13 +2,13 @@
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Each release's measured throughput, the release ledger's entries, the comparison and the gate
-(pure, unit-tested; the ledger's file - its reader, writer and lock - is ``_ledger``'s).
+(pure, unit-tested; the ledger's file - its reader, writer and lock - is ``release.ledger``'s).
 
 The proof's window (and, when ``trainer_measure_s`` is longer, the seconds after it) gives the
 tok/s samples of this start: median, p10, p90, their number, plus any figure the user names by
-regex. The ledger (``<trainer_root>/ledger.json``, written atomically, the last ``_ledger.LEDGER_KEEP``
+regex. The ledger (``<trainer_root>/ledger.json``, written atomically, the last ``release.ledger.LEDGER_KEEP``
 entries) keeps per experiment - a release and a configuration: release id, configuration id (a
-keyed hash of the trainer's command and environment, ``_config_id``; absent in entries written
+keyed hash of the trainer's command and environment, ``target.config_id``; absent in entries written
 before it), time, source (git commit + dirty, or content hash), verdict (proved / failed: reason /
 rolled back) and figures. ``compare`` puts a new measurement beside the entry before it that was
 proved (whichever release and configuration it ran: ``previous_proved``) and the best one;
@@ -235,7 +235,7 @@ def gate(comparison, min_ratio):
 
 
 def entry(release, verdict, figures=None, source=None, reason=None, now=None, config=None):
-    """A ledger entry: ``config`` is the configuration id (``_config_id``: a keyed hash of the command
+    """A ledger entry: ``config`` is the configuration id (``target.config_id``: a keyed hash of the command
     and the environment, never a value) - kept when known, absent when not."""
     now = time.time() if now is None else now
     out = {"release": release, "time": round(now, 3),
@@ -245,7 +245,7 @@ def entry(release, verdict, figures=None, source=None, reason=None, now=None, co
         out["config"] = config
     if reason:
         # its first line, whole: the writer masks it, then cuts it to REASON_CHARS (a cut before the
-        # mask could leave the start of a secret; _restart_steps.Layout.record)
+        # mask could leave the start of a secret; job.steps.Layout.record)
         out["reason"] = reason.splitlines()[0]
     return out
 
@@ -301,7 +301,7 @@ def health(ledger, release, running, started_at=None, n_restarts=0, now=None, st
     Healthy: it runs, the release's newest ledger entry is ``proved``, nothing died since, and this
     activation is the one that was proved (it started before the proof: a start after it is systemd's
     Restart= bringing back a trainer that exited). ``stopped``: the deliberate stop on record that still
-    holds (``_status.stopped_on_purpose``): not running then is no failure - ``stopped`` says so, ``ok`` stays
+    holds (``plan.status.stopped_on_purpose``): not running then is no failure - ``stopped`` says so, ``ok`` stays
     false (it does not run)."""
     now = time.time() if now is None else now
     e = latest_entry(ledger, release)

@@ -11,7 +11,7 @@ next marker. Lines from earlier starts never count (``wait_for`` matched a stale
 A trainer writes its progress in one of two formats, and every source of this start's lines
 is read for both by one reader, ``ProgressAnalysis``: the trainer's log (``StartLog``: its
 stdout and stderr, as the launcher writes them) and the trainer's own progress file
-(``_progress_file.ProgressFileReader``, ``trainer_progress_path``). A line that parses as a JSON
+(``proof.progress_file.ProgressFileReader``, ``trainer_progress_path``). A line that parses as a JSON
 object with a ``"step"`` key is a JSONL record (``json_record``: ``{"step": 5, "tok_s": 21500.0}``;
 its ``step``, ``tok_s`` and named figures are read from its keys); every other line is plain text,
 read by the user's regexes (``LogAnalysis``: ready, step, tok/s, named figures, errors). A source
@@ -23,7 +23,7 @@ each line's searches, ``LineBound``, below): the start marker (``parse_marker``,
 values, ``LogAnalysis`` / ``analyze`` (plain lines), ``json_record`` / ``record_number`` /
 ``ProgressAnalysis`` (both formats), ``this_start`` and ``StartLog``, which follows text fed to
 it. Reading the log file (the launcher's sidecar, seeking to this start, following the file
-across polls) is in ``_log_file``; reading the progress file is in ``_progress_file``.
+across polls) is in ``proof.log_file``; reading the progress file is in ``proof.progress_file``.
 """
 
 from __future__ import annotations
@@ -348,7 +348,7 @@ def _bounded_append(values, value):
 
 def step_value(match):
     """(step, total or None, None) for a step regex match, or (None, None, words) when the value
-    it captured is not a whole number (see ``_throughput.read_figure``)."""
+    it captured is not a whole number (see ``proof.throughput.read_figure``)."""
     value, problem = read_figure(match)
     if problem is None and not float(value).is_integer():
         problem = "%r is not a whole number" % match.group(figure_group(match))
@@ -706,7 +706,7 @@ def record_number(value, whole=False):
 class ProgressAnalysis(object):
     """What one source's lines of this start show, whichever way the trainer writes its progress:
     the one reader of the trainer's log (``StartLog``) and of its own progress file
-    (``_progress_file.ProgressFileReader``). A line is a JSONL record when it parses as a JSON
+    (``proof.progress_file.ProgressFileReader``). A line is a JSONL record when it parses as a JSON
     object with a ``"step"`` key (``json_record``), else a plain line.
 
     Plain lines go to a ``LogAnalysis`` with the user's regexes (``text``); each record is rendered

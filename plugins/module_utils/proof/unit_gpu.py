@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Whose GPU memory: the memory the proof counts as the trainer's is the memory its unit's processes hold.
 
-nvidia-smi's ``--query-compute-apps=gpu_uuid,pid,used_memory`` (``_nvidia_smi.read_gpus`` with
+nvidia-smi's ``--query-compute-apps=gpu_uuid,pid,used_memory`` (``target.nvidia_smi.read_gpus`` with
 processes) lists each process holding memory on each GPU. A process is the trainer's when its control
 group (``/proc/<pid>/cgroup``) is the unit's ``ControlGroup`` or lies below it - the launcher, the
 trainer and every worker it starts (KillMode=control-group keeps them there). Memory another process
@@ -13,7 +13,7 @@ that holds GPUs 0-4 is not proved on 0-7 because a stranger allocated on 5-7.
 Where the container's nvidia-smi cannot say whose memory it is - it lists no process (a GPU passed
 through to LXC often shows none), lists processes under PIDs this container cannot see (host PIDs), or
 gives no per-process figure - the proof falls back to each GPU's reading less what it held before the
-start (``_cycle.ours``: the drain's last sample), and says so in its words (``rule``).
+start (``job.cycle.ours``: the drain's last sample), and says so in its words (``rule``).
 
 ``unit_memory`` is pure (``cgroup_of`` is injected); ``cgroup_of`` reads /proc.
 """

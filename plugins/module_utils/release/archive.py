@@ -10,7 +10,7 @@ Pure Python standard library, usable on the controller (action plugin) and on th
 Delta releases: a release records its manifest (every entry: relpath, kind, mode, size, sha256 or
 link target). A delta archive starts with the manifest of the whole new tree (member
 ``.dflash-manifest.json``), then holds every directory and symlink but only the regular files
-whose content the base release lacks; _release_extract.extract_delta materialises the rest from
+whose content the base release lacks; release.extract.extract_delta materialises the rest from
 the base release's files with the same sha256.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ extracting it safely, full or delta.
 Pure Python standard library, usable on the controller (action plugin) and on the target
 (module, through AnsiballZ). Nothing here talks to Ansible.
 
-A delta archive (_release_archive.write_archive with have) starts with the manifest of the whole
+A delta archive (release.archive.write_archive with have) starts with the manifest of the whole
 new tree, then holds every directory and symlink but only the regular files whose content the
 base release lacks; extract_delta materialises the rest from the base release's
 files with the same sha256, each verified against it first: by a hard link when the base file

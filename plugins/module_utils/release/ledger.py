@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The release ledger's file (``<trainer_root>/ledger.json``): its one owner - the reader, the writer
 and the lock of its read-modify-write. What an entry holds and what is judged from the entries is
-``_throughput``'s (pure); the launcher keeps its own copy of these functions (it runs without the
+``proof.throughput``'s (pure); the launcher keeps its own copy of these functions (it runs without the
 collection).
 """
 

@@ -7,7 +7,7 @@ Reading and switching it, shared by trainer_release (upload, rollback, mark good
 job (trainer_restart), which switches ``current`` back and marks releases good on the target
 without the controller, and the status read (``read_release_marks``). The one reader and writer of
 ``current`` and ``last_good``; small on purpose (what a release's manifest holds is
-``_release_install``'s), so that the status read ships it.
+``release.install``'s), so that the status read ships it.
 """
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def stale_entries(root):
 def read_release_marks(root):
     """(target of ``<root>/current`` or None when it is no symlink, text of ``<root>/last_good``
     or None when it is no file) - read as they are, never refused (the status read reports what
-    is there; ``_status.release_fields`` judges it)."""
+    is there; ``plan.status.release_fields`` judges it)."""
     current = current_path(root)
     link = os.readlink(current) if os.path.islink(current) else None
     last_good = last_good_path(root)
@@ -193,7 +193,7 @@ def delete_release(root, rid):
 
 
 def mark_root(root):
-    """Put the root's marker file (``_ownership.ROOT_MARK_NAME``) there when it is missing, so the
+    """Put the root's marker file (``target.marks.ROOT_MARK_NAME``) there when it is missing, so the
     next run's check knows the root for ours (a root without it is refused unless it is empty or
     everything in it is ours). True when it was written."""
     path = os.path.join(root, ROOT_MARK_NAME)

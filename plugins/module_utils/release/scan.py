@@ -14,8 +14,8 @@ means nothing and is not kept), payload the file's sha256 (hex) or the symlink's
 Directories are entries of their own, so an empty directory or a mode change changes the id.
 mtimes, owners and the walk order do not count.
 
-The other parts: _release_archive (writing archives, the manifest), _release_extract (reading
-and extracting them), _release_prune (which releases to keep), _release_diff (what a switch
+The other parts: release.archive (writing archives, the manifest), release.extract (reading
+and extracting them), release.prune (which releases to keep), release.diff (what a switch
 changes).
 """
 from __future__ import annotations
@@ -202,8 +202,8 @@ def scan_tree(src, excludes=DEFAULT_EXCLUDES, hasher=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# paths of archive members and manifest entries (_release_archive.parse_manifest,
-# _release_extract.check_member)
+# paths of archive members and manifest entries (release.archive.parse_manifest,
+# release.extract.check_member)
 
 def check_relpath(name, what="archive member"):
     """A relative path that stays inside its root, normalised ('a//./b' -> 'a/b').

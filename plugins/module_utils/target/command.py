@@ -99,7 +99,7 @@ def _kill_group(proc):
 def run_bounded(argv, timeout_s, env=None, cwd=None, clock=None):
     """Run argv (a list, no shell) -> (rc, stdout, stderr) as text; raise CommandTimeout when it
     has not finished within ``timeout_s`` seconds (it and its process group are killed). ``clock`` (a
-    ``_wait.PausedClock``'s): the seconds are read on it, WAIT_SLICE_S at a time - a freeze of caller and command."""
+    ``job.wait.PausedClock``'s): the seconds are read on it, WAIT_SLICE_S at a time - a freeze of caller and command."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=cwd, close_fds=True, start_new_session=True)
     left = max(timeout_s, 0)

@@ -186,7 +186,7 @@ def tree_problem(tree):
 def cache_problem(facts):
     """Why the directory described by ``facts`` is not a torchinductor cache, or None.
 
-    ``facts`` from ``observe`` below carry the whole ``tree``; facts of ``_ownership.observe``
+    ``facts`` from ``observe`` below carry the whole ``tree``; facts of ``target.ownership.observe``
     carry only the top level (``entries``), which is judged by the same rules (what is below is
     judged again, entry by entry, at the purge)."""
     if not facts.get("exists"):
@@ -256,11 +256,11 @@ def observe(path):
 
 
 # ---------------------------------------------------------------------------------------------
-# the purge (the restart job's step, _restart_steps.Steps.purge)
+# the purge (the restart job's step, job.steps.Steps.purge)
 
 class CacheRefused(Exception):
     """The purge refused to delete (or to make again) the cache directory: ``msg`` in words. The
-    restart job's step raises it as ``_cycle.StepFailed``, with the same words."""
+    restart job's step raises it as ``job.cycle.StepFailed``, with the same words."""
 
     def __init__(self, msg):
         super(CacheRefused, self).__init__(msg)

@@ -2,9 +2,9 @@
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The names of the marker files the collection leaves in what it writes: the marker of a complete
-release (``releases/<id>/.dflash-release``, written by ``_release_install``, its manifest inside) and
-the release root's (written by ``_release_root.mark_root`` under the root's lock). Only names, so that
-the judges of ownership (``_ownership``), the release scan and the release root share them without
+release (``releases/<id>/.dflash-release``, written by ``release.install``, its manifest inside) and
+the release root's (written by ``release.root.mark_root`` under the root's lock). Only names, so that
+the judges of ownership (``target.ownership``), the release scan and the release root share them without
 shipping one another.
 """
 

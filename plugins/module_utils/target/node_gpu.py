@@ -19,7 +19,7 @@ a user unit of the trainer's name (``.../user.slice/user-1000.slice/user@1000.se
 dflash-trainer.service``), which must never pass for the trainer.
 
 Nothing another tenant controls is read as structure: the node's nvidia-smi is asked for numbers
-and UUIDs only (_nvidia_smi.read_node_gpus), a holder's container comes from the first component
+and UUIDs only (target.nvidia_smi.read_node_gpus), a holder's container comes from the first component
 of its cgroup path (the kernel refuses a newline in a cgroup name, so a tenant's own sub-cgroups
 cannot add a line), a unit is a name of systemd's alphabet, and a process's name, read from the
 node's ``/proc/<pid>/comm``, is only ever shown, escaped (``printable``).
@@ -129,7 +129,7 @@ def who(holder):
 def attribute(gpus, owners, vmid, unit, names=None):
     """Split each GPU's memory by holder.
 
-    ``gpus``: parsed query-gpu rows with ``processes`` (_nvidia_smi.read_gpus on the node);
+    ``gpus``: parsed query-gpu rows with ``processes`` (target.nvidia_smi.read_gpus on the node);
     ``owners``: {host pid: (vmid, unit)} (from each pid's cgroup; a pid missing there is a
     process that exited between the two reads); ``names``: {host pid: name} (comm_name; default: the
     rows' own ``process_name``). Returns [{index, used_mib, total_mib, holders:

@@ -434,7 +434,7 @@ def read_gpus(run, nvidia_smi="nvidia-smi", processes=True, name_of=None):
     """One ``--query-gpu`` (+ one ``--query-compute-apps``) call through ``run(argv) -> (rc,
     out, err)``. Returns (gpus with ``processes``, warnings). Raises NvidiaSmiError with the
     failure message when the GPU query fails or hangs ("nvidia-smi did not answer within 30 s",
-    when ``run`` is bounded: ``_run.Runner``); a failed process query is only a warning (the
+    when ``run`` is bounded: ``target.command.Runner``); a failed process query is only a warning (the
     memory figures are what counts).
 
     The process query asks for UUIDs, PIDs and MiB only (query_node_apps_argv): nvidia-smi prints

@@ -55,7 +55,7 @@ import os
 import re
 import stat
 
-# the purge's judgement (every entry, at every depth): _inductor_cache; judge() below uses it
+# the purge's judgement (every entry, at every depth): target.inductor_cache; judge() below uses it
 from ansible_collections.dflash.trainer.plugins.module_utils.target.inductor_cache import cache_problem
 from ansible_collections.dflash.trainer.plugins.module_utils.target.inductor_cache import observe as observe_cache
 from ansible_collections.dflash.trainer.plugins.module_utils.target.marks import MARKER_NAME, ROOT_MARK_NAME
@@ -93,7 +93,7 @@ _WHAT = {
 }
 # the metrics file's first line (the launcher writes it, roles/trainer/files/dflash-trainer-launch)
 METRICS_MARK = "# dflash.trainer metrics"
-# the files root only ever creates anew (O_EXCL, then a rename into place: _private_file) and checks
+# the files root only ever creates anew (O_EXCL, then a rename into place: target.private_file) and checks
 # before it reads them: the only ones a sticky world-writable directory may hold (another user can
 # plant nothing root would then open). Not the metrics file: the launcher reads an existing one for
 # its mark first, and a FIFO planted there would hang that read.
@@ -101,10 +101,10 @@ EXCL_KINDS = ("state",)
 # files lost at reboot on a tmpfs, which the enabled unit needs at boot
 PERSISTENT_KINDS = ("env", "launcher")
 VOLATILE_FS = frozenset(("tmpfs", "ramfs"))
-# the release root's own marker file (ROOT_MARK_NAME, written by _release_root.mark_root under the root's lock)
+# the release root's own marker file (ROOT_MARK_NAME, written by release.root.mark_root under the root's lock)
 # a release's marker
 RELEASE_MARK_NAME = MARKER_NAME
-# what a release root of this collection holds (_release_root, _release_states, _ledger's
+# what a release root of this collection holds (release.root, release.states, release.ledger's
 # ledger): the names an older root without the marker may hold and still be adopted
 _ROOT_NAMES = frozenset(("releases", "current", "last_good", "last_good.config", "ledger.json", "ledger.json.lock",
                          ".lock", "config.key", ROOT_MARK_NAME, "lost+found"))

@@ -194,7 +194,7 @@ def pick(props, keys=FAILURE_PROPERTIES):
 
 
 def start_decision(unit, props, allow_running=False):
-    """Decide what the start step (``_cycle.start``) does with the unit as ``props`` shows it before starting.
+    """Decide what the start step (``job.cycle.start``) does with the unit as ``props`` shows it before starting.
 
     Returns (action, message): ("fail", why), ("keep", why) for an already active unit when
     ``allow_running``, or ("start", None).
