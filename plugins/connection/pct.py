@@ -692,7 +692,7 @@ class Connection(ConnectionBase):
         killed ansible-playbook leaves it running, and its ssh mux client's remote command goes on
         (the ControlMaster holds its pipes) - a module renewing the play's deploy lock would keep
         it forever. Once the worker's parent is gone the call is killed and its pipes closed: the
-        remote command's output then has no reader, which it notices (_lock.output_read).
+        remote command's output then has no reader, which it notices (job.lock.output_read).
 
         ``frozen_check``: ``in_data`` is held back until the call has reached the container (its STARTED_MARK on
         stderr), and while it has not, the node is asked after FROZEN_CHECK_S (then twice as long, ...) whether
