@@ -8,7 +8,10 @@ each phase is one task on every member at once (Ansible's linear strategy runs a
 before the next), registered, and a barrier after it: these pure functions judge, from what every
 member registered, whether the group may go on (``barrier``), what the group does (``group_plan``:
 made once from every member's own plan) and whether the group's restart was proved (``verdict``).
-Every member computes the same answer from the same registered results, so no host coordinates.
+Every member computes the same answer from the same registered results, so no host coordinates. The role asks
+through the trainer_group action (plugins/action/trainer_group.py), which registers the answers - with what each
+member does of the plan (``member_plan``) and what follows a verdict (``after_job``) - and fails by itself where
+the group stops; the role's `when:`s only read those fields.
 """
 
 
