@@ -7,7 +7,8 @@ registers the answer and carries it out; its `when:`s read the answer's fields a
 
 No remote call: the action reads the play's variables (``hostvars``, ``groups``, the hosts in the run) and
 fails by itself, with the words, where the group stops (a member outside the run, a barrier one member failed,
-a refused plan)."""
+a refused plan). An answer with words to say (the group left running, what check mode would restart, the group
+proved) carries them as its ``msg``, shown alone by the stdout callback (plugins/callback/concise.py)."""
 from __future__ import annotations
 
 import secrets
@@ -94,6 +95,8 @@ class ActionModule(ActionBase):
                 return self._failed(dict(result, **plan), plan["refused"])
             digits = "".join(secrets.choice("0123456789") for _i in range(8))
             result.update(member_plan(plan, me, self._play_context.check_mode, args.get("lock_token") or "", digits))
+            if result["says"]:  # the group left running, or what check mode would restart
+                result.update(msg=result["words"], _ansible_verbose_always=True)
         elif kind == "jobs":
             outcomes = dict((m, last_ran([self._of(hostvars, m, "__trainer_job_watch"),
                                           self._of(hostvars, m, "__trainer_job_start")])) for m in members)
@@ -101,6 +104,8 @@ class ActionModule(ActionBase):
             result["check"] = bool(verdict(members, outcomes)["ok"])
         elif kind == "verdict":
             result.update(self._verdict(task_vars, hostvars, members, me, args))
+            if result["report"]:  # the group proved
+                result.update(msg=result["said"], _ansible_verbose_always=True)
         return result
 
     def _stray(self, hostvars, me, name):

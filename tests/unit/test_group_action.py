@@ -1,8 +1,13 @@
 """The trainer_group action (plugins/action/trainer_group.py): every group decision the role carries out, made on
 the controller from what every member registered - and where the group stops, it fails by itself with the words."""
+import os
+import shutil
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from ansible.errors import AnsibleActionFail
 from ansible.parsing.dataloader import DataLoader
@@ -13,6 +18,7 @@ from ansible.template import Templar
 from ansible_collections.dflash.trainer.plugins.action.trainer_group import ActionModule
 
 M = ["g0", "g1"]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(me, hostvars, check_mode=False, play_hosts=None, **args):
@@ -85,3 +91,41 @@ def test_the_jobs_and_the_verdict_say_what_follows_and_never_fail_the_task_thems
     assert out["rollback"] and not out["good"] and "failed" not in out and out["members"] == ["g1"]
     with pytest.raises(AnsibleActionFail, match="kind must be one of"):
         run("g0", hv, kind="vote")
+
+
+PLAYBOOK = """
+- hosts: tg
+  gather_facts: false
+  tasks:
+    - name: Read every member
+      ansible.builtin.set_fact:
+        __trainer_status_before: {plan: {release: r2, current: r2, last_good: r2, reasons: [], upload: false}}
+    - name: Plan the group
+      dflash.trainer.trainer_group:
+        kind: plan
+        results: __trainer_status_before
+      register: __trainer_group_plan
+    - name: Carry the plan out
+      ansible.builtin.assert:
+        that: __trainer_group_plan.no_op and not __trainer_group_plan.restart
+        quiet: true
+"""
+
+
+@pytest.mark.skipif(shutil.which("ansible-playbook") is None, reason="needs ansible-playbook")
+def test_a_plan_with_words_says_them_alone_and_registers_the_whole_answer(tmp_path):
+    """Through the checkout's stdout callback: the words, as a debug task would show them, not the plan's fields."""
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "children": {"tg": {"hosts": {"g0": {}, "g1": {}}, "vars": {"trainer_group": "tg"}}},
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "local"))
+    proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    for member in ("g0", "g1"):
+        said = "ok: [%s] => \n    msg: 'trainer group tg left running: release r2 on every member'\n" % member
+        assert said in out, out
+    assert "job_ids" not in out and "upload_here" not in out, out
