@@ -20,6 +20,8 @@ description:
     when that task starts; such a task, when skipped, says C(skipping) under its banner.
   - From C(-vvv) on, where Ansible says each task's connection and module lines while it runs, every task's
     banner is printed when it starts and a skipped task says C(skipping) under it, as with the default callback.
+  - The answer of the collection's C(trainer_group) action (a trainer group's plan or verdict) is shown by its
+    words alone (its C(msg)), as C(ansible.builtin.debug) shows its message.
   - Set O(display_skipped_hosts=true) to see every skipped task again.
 extends_documentation_fragment:
   - ansible.builtin.default_callback
@@ -40,6 +42,12 @@ from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 # tests/unit/test_concise_callback.py fails if an action that speaks is missing here.
 SPEAKING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
     "trainer_begin", "trainer_restart", "trainer_lock", "trainer_release"))
+
+
+# The collection's actions whose answer may carry words to say (``msg``, with ``_ansible_verbose_always``: a trainer
+# group's plan or verdict, registered whole): the words are shown alone, as ansible.builtin.debug's msg is.
+SAYING_ACTIONS = frozenset(["dflash.trainer.trainer_group"])
+_SAID_KEYS = ("msg", "exception", "warnings", "deprecations")
 
 
 # From -vvv on, Ansible says each task's connection and module lines while it runs: every banner is printed
@@ -70,6 +78,13 @@ class CallbackModule(DefaultCallback):
         if speaks(task.resolved_action) or self._display.verbosity >= VERBOSE_EVERY_BANNER:
             self._print_task_banner(task)
             self._eager_banners.add(task._uuid)
+
+    def _clean_results(self, result, task_name):
+        if task_name in SAYING_ACTIONS and "msg" in result:  # its words alone, not the whole answer
+            for key in [k for k in result if k not in _SAID_KEYS and not str(k).startswith("_")]:
+                result.pop(key)
+            return
+        super()._clean_results(result, task_name)
 
     def v2_runner_on_skipped(self, result):
         if result.task._uuid in self._eager_banners and not self.get_option("display_skipped_hosts"):

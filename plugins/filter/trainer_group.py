@@ -1,5 +1,6 @@
 """The trainer_group filter: a trainer group's barriers, plan and verdict, judged from what every member
-registered (plugin_utils/_group.py, pure and tested), so the role's group flow stays a `when:` on a field."""
+registered (plugin_utils/_group.py, pure and tested). The role's group deploy asks the same questions through the
+trainer_group action (plugins/action/trainer_group.py), whose answers it registers; status asks this filter."""
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group import (

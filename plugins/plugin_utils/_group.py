@@ -8,7 +8,10 @@ each phase is one task on every member at once (Ansible's linear strategy runs a
 before the next), registered, and a barrier after it: these pure functions judge, from what every
 member registered, whether the group may go on (``barrier``), what the group does (``group_plan``:
 made once from every member's own plan) and whether the group's restart was proved (``verdict``).
-Every member computes the same answer from the same registered results, so no host coordinates.
+Every member computes the same answer from the same registered results, so no host coordinates. The role asks
+through the trainer_group action (plugins/action/trainer_group.py), which registers the answers - with what each
+member does of the plan (``member_plan``) and what follows a verdict (``after_job``) - and fails by itself where
+the group stops; the role's `when:`s only read those fields.
 """
 
 
@@ -194,3 +197,54 @@ def failure_words(restart, rollback_release, rollback=None):
             restart["words"], rollback_release, rollback["words"])
     return "%s. The rollback to release %s failed too - %s: each member is left as its rollback job ended." % (
         restart["words"], rollback_release, (rollback or {}).get("words") or "no member's rollback job ended")
+
+
+def member_plan(plan, me, check_mode=False, lock_token="", digits=""):
+    """The group's plan as one member carries it out (``plan``: group_plan's; ``me``: this member) -> the plan
+    and what it means here: ``upload_here`` (this member lacks the release), ``reasons_here`` (this member's
+    reasons for its restart job), ``job_ids`` (this member's restart and rollback job ids: the play's lock token,
+    the job's name, ``digits``), ``says`` and ``words`` (what the plan says before anything changes: the group
+    left running, or what check mode would restart)."""
+    out = dict(plan)
+    out["upload_here"] = me in (plan.get("upload") or [])
+    out["reasons_here"] = list((plan.get("reasons") or {}).get(me) or
+                               ["trainer group %s restarts" % plan.get("name")])
+    out["job_ids"] = dict((job, "%s-%s-%s" % (lock_token, job, digits)) for job in ("restart", "rollback"))
+    words = None
+    if plan.get("no_op"):
+        words = "trainer group %s left running: release %s on every member" % (plan.get("name"), plan.get("release"))
+    elif plan.get("restart") and check_mode:
+        words = "would restart trainer group %s on %s: %s" % (plan.get("name"), plan.get("release"),
+                                                              plan.get("reasons"))
+    out["says"], out["words"] = words is not None, words or ""
+    return out
+
+
+def after_job(job, judged, rollback_release, restart=None, watch_s=0):
+    """What the group does once every member's ``job`` (restart or rollback) was judged (``judged``: verdict's
+    answer) -> dict(ok, words, members (those that failed), good (mark what every member's job proved good),
+    report (say the group proved), rollback (put every member back on ``rollback_release``), stop (no release
+    to go back to: stop every member), fail (the run fails, saying ``failure``), watch (trainer_watch_s,
+    ``watch_s``, follows the proof), restart (the restart's verdict, kept for the rollback's words)).
+    ``restart``: the restart's own verdict, given when ``job`` is the rollback."""
+    ok = bool(judged.get("ok"))
+    out = dict(ok=ok, words=judged.get("words") or "", members=list(judged.get("failed") or []), good=ok,
+               report=False, rollback=False, stop=False, fail=False, failure="", watch=False, restart=None)
+    if job == "rollback":
+        out["restart"] = restart or {}
+        out["fail"] = True
+        out["failure"] = failure_words(out["restart"], rollback_release, judged)
+        return out
+    out["restart"] = dict(ok=ok, words=out["words"], failed=out["members"])
+    if ok:
+        out["report"] = True
+        try:
+            out["watch"] = float(watch_s or 0) > 0
+        except (TypeError, ValueError):
+            out["watch"] = False
+        return out
+    out["rollback"] = rollback_release is not None
+    out["stop"] = not out["rollback"]
+    out["fail"] = out["stop"]  # a rollback's own answer fails the run once it ended
+    out["failure"] = failure_words(judged, rollback_release) if out["stop"] else ""
+    return out

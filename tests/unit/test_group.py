@@ -4,7 +4,7 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group
+from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group, trainer_group_failure
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group import as_one, barrier, group_plan, verdict
 from ansible_collections.dflash.trainer.plugins.module_utils.job.group_check import still_proved
 
@@ -176,3 +176,39 @@ def test_status_of_some_members_judges_nothing_and_says_how_to_read_them_all():
     assert part["ok"] is None and part["members"] == ["g1"]
     assert part["words"] == "trainer group tg: not judged as one - g1 not read in this run (read every member: -l tg)"
     assert trainer_group(M, "status", {"g0": {"st": _read()}, "g1": {"st": _read()}}, "st", "tg", M)["ok"] is True
+
+
+def test_each_member_carries_the_groups_plan_out_with_its_own_part():
+    from ansible_collections.dflash.trainer.plugins.plugin_utils._group import member_plan
+    group = group_plan("dist", M, {"g0": plan(restart=False, reasons=[], current="r2", upload=True),
+                                   "g1": plan(reasons=["trainer not running"], current="r2", upload=False)}, M)
+    g0, g1 = member_plan(group, "g0", lock_token="tok", digits="12345678"), member_plan(group, "g1")
+    assert (g0["upload_here"], g1["upload_here"]) == (True, False)
+    assert g1["reasons_here"] == ["trainer not running"] and g0["reasons_here"] == ["trainer group dist restarts"]
+    assert g0["job_ids"] == {"restart": "tok-restart-12345678", "rollback": "tok-rollback-12345678"}
+    assert not g0["says"] and g0["restart"] and g0["release"] == "r2"
+    checked = member_plan(group, "g0", check_mode=True)
+    assert checked["says"] and checked["words"].startswith("would restart trainer group dist on r2: ")
+    calm = member_plan(group_plan("dist", M, dict((m, plan(restart=False, reasons=[], current="r2", upload=False))
+                                                  for m in M), M), "g0")
+    assert calm["says"] and calm["words"] == "trainer group dist left running: release r2 on every member"
+
+
+def test_after_the_restart_the_verdict_says_what_follows():
+    from ansible_collections.dflash.trainer.plugins.plugin_utils._group import after_job
+    good = verdict(M, {"g0": {"result": {"ok": True}}, "g1": {"result": {"ok": True}}})
+    bad = verdict(M, {"g0": {"result": {"ok": True}}, "g1": {"result": {"ok": False, "msg": "exited 1"}}})
+    ok = after_job("restart", good, "r1", watch_s="60")
+    assert ok["good"] and ok["report"] and ok["watch"] and not (ok["rollback"] or ok["stop"] or ok["fail"])
+    assert not after_job("restart", good, "r1", watch_s=0)["watch"]
+    back = after_job("restart", bad, "r1")
+    assert back["rollback"] and not (back["good"] or back["report"] or back["stop"] or back["fail"])
+    assert back["members"] == ["g1"] and "failed" not in back  # a registered result's `failed` fails its task
+    stop = after_job("restart", bad, None)
+    assert stop["stop"] and stop["fail"] and not stop["rollback"]
+    assert stop["failure"] == trainer_group_failure(bad, None)
+    rolled = after_job("rollback", good, "r1", restart=back["restart"])
+    assert rolled["good"] and rolled["fail"] and not (rolled["report"] or rolled["watch"] or rolled["stop"])
+    assert rolled["failure"] == trainer_group_failure(bad, "r1", good)
+    worse = after_job("rollback", bad, "r1", restart=back["restart"])
+    assert not worse["good"] and worse["fail"] and "The rollback to release r1 failed too" in worse["failure"]
