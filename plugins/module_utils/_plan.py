@@ -147,9 +147,10 @@ def steps(plan, install=None, settings=None):
     - node_view_before / node_view_after: the node's view of the GPUs is read before the job's start (its
       foreign memory is the drain's and the pre-flight's) / after a restart (the proof checked against it);
     - watch: a deploy's proved trainer is watched for watch_s;
-    - would_restart: a deploy in check mode says what it would restart;
+    - would_restart: a deploy in check mode says what it would restart (in the first read's report);
     - untouched: a deploy that restarts nothing ran past the first read (only the unit's enablement
-      changes, or the install refuses): the trainer is left running; install_unit: the install runs then;
+      changes, or the install refuses): the trainer is left running (the first read's report says so);
+      install_unit: the install runs then;
     - done: nothing is left past the first read (trainer_begin: the restart it started ended proved
       within its call, no watch after it)."""
     settings = settings or {}

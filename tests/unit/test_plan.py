@@ -260,3 +260,22 @@ def test_the_steps_past_the_first_read(name, intent, status, install, settings, 
 def test_the_steps_without_settings_are_booleans_too():
     plan = make_plan({"entry": "restart"}, proved())
     assert plan["run_job"] is True and plan["watch"] is False and plan["node_view_before"] is False
+
+
+def test_the_first_reads_report():
+    from ansible_collections.dflash.trainer.plugins.module_utils._begin import read_report
+    read = dict(proved(), main_pid=42, seconds_since_start=7)
+    no_op = make_plan({"entry": "deploy", "release": "r1"}, read, NO_CHANGE, settings=SETTINGS)
+    assert read_report("deploy", no_op, read, "t") == ["t left running: release r1 unchanged, pid 42, up 7 s"]
+    enable = make_plan({"entry": "deploy", "release": "r1"}, read, dict(NO_CHANGE, enabled_changed=True, changed=True),
+                       settings=SETTINGS)
+    assert read_report("deploy", enable, read, "t") == ["t left running: release r1 unchanged, pid 42, up 7 s"]
+    check = make_plan({"entry": "deploy", "release": "r2"}, read, NO_CHANGE, settings=dict(SETTINGS, check_mode=True))
+    assert read_report("deploy", check, read, "t") == [
+        "would restart t: release switched to r2; running release r1 is not current r2"]
+    assert read_report("deploy", make_plan({"entry": "deploy", "release": "r2"}, read, NO_CHANGE, settings=SETTINGS),
+                       read, "t") == []
+    start = make_plan({"entry": "start"}, read, settings=SETTINGS)
+    assert read_report("start", start, read, "t") == [
+        "t already runs its proved release: %s (pid 42); nothing was started - left running (a restart: "
+        "playbooks/restart.yml)" % HEALTHY["words"]]
