@@ -603,7 +603,8 @@ class _HostState:
             self.job_start(kind, res)
         elif _is(action, "trainer_validate") and kind == "ok" and res.get("source") is not None:
             r.source = _str(res.get("source"))  # "": trainer_src is not a git checkout
-        elif (_is(action, "trainer_status") or _is(action, "trainer_begin")) and kind == "ok":
+        elif (_is(action, "trainer_status") and "group_status" not in res  # (a group's verdict reads nothing)
+              or _is(action, "trainer_begin")) and kind == "ok":
             r.status = TrainerStatus.from_result(res)
             plan = _mapping(res.get("plan"))
             self.entry = _str(plan.get("entry")) or self.entry

@@ -10,19 +10,23 @@ from ansible.utils.display import Display
 
 from ansible_collections.dflash.trainer.plugins.plugin_utils._freezer import frozen_checked
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
-from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import say_start
+from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import outcome, say_start
 
 display = Display()
 
 
 class ActionModule(KeptPayload, NormalAction):
     """dflash.trainer.trainer_begin, run as ansible.builtin.normal runs a module; the phases of a restart job
-    it started (and watched for its first wait) said as the watch says them. Its call fails at once, naming the
-    freeze, when the container is frozen (the pct connection's frozen_check)."""
+    it started (and watched for its first wait) said as the watch says them, and what the role shows of its end
+    when it ended within this call (RV(job_start)'s V(ok), V(words), V(fail_msg): plugin_utils/_watch.py). Its call
+    fails at once, naming the freeze, when the container is frozen (the pct connection's frozen_check)."""
 
     def run(self, tmp=None, task_vars=None):
         # the deploy's first contact: a frozen container is named, not waited for (connection dflash.trainer.pct)
         with frozen_checked(self._connection):
             result = super().run(tmp, task_vars)
-        say_start(display, (task_vars or {}).get("inventory_hostname", "?"), result.get("job_start"))
+        job = result.get("job_start")
+        say_start(display, (task_vars or {}).get("inventory_hostname", "?"), job)
+        if isinstance(job, dict) and job.get("started") and job.get("finished"):
+            job.update(outcome(job, self._task.args.get("unit") or "", job.get("reasons")))
         return result

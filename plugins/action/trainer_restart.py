@@ -14,9 +14,22 @@ retries Ansible shows as "FAILED - RETRYING".
 
 With ``group_hold`` (the controller's own option, never sent to the target): a trainer group's member whose
 own task ended renews its deploy lock until every member's task ended (plugin_utils/_group_hold.py) - the
-lease never runs out while the play waits for the slowest member."""
+lease never runs out while the play waits for the slowest member.
+
+With O(state=start) or O(state=stop) and no O(job_id): the job is named here - the play's lock token, C(-stop) for
+a stop, and 8 random digits.
+
+With O(state=wait) and ``begun`` (the controller's own option, never sent to the target): the result of the call
+that started the job (the role's ``trainer_restart`` O(state=start) or O(state=stop), or the first read's
+``job_start``). Its O(job_id) and the phases it said are the watch's; a call that did not start the job fails
+the task here with its reason (nothing was watched); a job that ended within that call is not watched again. The
+result then says what the role shows of the job's end (plugin_utils/_watch.py ``outcome``): V(ok), V(words) (the
+proof, or what a stop stopped: ``kind``, restart or stop) and V(fail_msg) - the task does not fail on the job's
+verdict (the role fails after it has read the node's view of the GPUs)."""
 from __future__ import annotations
 
+import secrets
+import string
 import time
 
 from ansible.errors import AnsibleActionFail
@@ -26,7 +39,7 @@ from ansible.utils.display import Display
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group_hold import run_held
 from ansible_collections.dflash.trainer.plugins.plugin_utils._job_spec import with_job
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
-from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import lines, say_start
+from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import lines, not_started_msg, outcome, say_start
 
 display = Display()
 
@@ -44,12 +57,41 @@ class ActionModule(KeptPayload, NormalAction):
             raise AnsibleActionFail(str(exc), result=dict(not_started=True, lock_holder="play")) from None
         args = dict(self._task.args)
         calls = args.pop("watch_calls", None)
+        begun, kind = args.pop("begun", None), args.pop("kind", "restart")
         host = (task_vars or {}).get("inventory_hostname", "?")
+        if args.get("state") in ("start", "stop") and not args.get("job_id"):
+            args["job_id"] = job_name(args)
+        self._task.args = dict(args, watch_calls=calls) if calls is not None else dict(args)
+        if begun is not None:
+            return self._outcome(begun, kind, calls, tmp, task_vars)
         if calls is None or args.get("state") != "wait":
             result = super().run(tmp, task_vars)
             if args.get("state") in ("start", "stop"):  # the first watch rides with the start: its phases
                 say_start(display, host, result)
             return result
+        return self._watch(args, calls, host, task_vars)
+
+    def _outcome(self, begun, kind, calls, tmp, task_vars):
+        """The watch of the job ``begun`` started, to its end -> its result and what the role shows of it."""
+        if not isinstance(begun, dict) or not begun.get("started"):
+            begun = begun if isinstance(begun, dict) else {}
+            return dict(failed=True, changed=False, msg=not_started_msg(begun), not_started=bool(begun.get("not_started")),
+                        lock_holder=begun.get("lock_holder", "unknown"))
+        if begun.get("finished"):  # it ended within the call that started it: nothing to watch
+            result = dict((k, v) for k, v in begun.items() if k not in ("failed", "changed"))
+        else:
+            self._task.args = dict(self._task.args, job_id=begun.get("job_id"),
+                                   seen=len(begun.get("timeline") or []))
+            args = dict(self._task.args)
+            args.pop("watch_calls", None)
+            host = (task_vars or {}).get("inventory_hostname", "?")
+            result = self._watch(args, calls, host, task_vars) if calls is not None else super().run(tmp, task_vars)
+        unit = (self._task.args.get("unit") or "")
+        result.update(outcome(result, unit, begun.get("reasons"), kind))
+        result["failed"] = False  # the job's verdict: the role reports it (fail_msg) after the node's view
+        return result
+
+    def _watch(self, args, calls, host, task_vars):
         try:
             calls = int(calls)
         except (TypeError, ValueError):
@@ -71,3 +113,9 @@ class ActionModule(KeptPayload, NormalAction):
                 waited += 1
         result["attempts"] = attempts
         return result
+
+
+def job_name(args):
+    """A job's id: the play's lock token, C(-stop) for a stop, and 8 random digits."""
+    return "%s-%s%s" % (args.get("lock_token") or "job", "stop-" if args.get("state") == "stop" else "",
+                        "".join(secrets.choice(string.digits) for _i in range(8)))

@@ -115,6 +115,10 @@ class ActionModule(ActionBase):
             result["lock_token"], result["lock_owner"] = play_lock(args.get("lock_token"), os.environ,
                                                                    os.uname().nodename)
         result["problems"] = [str(p) for p in problems]
+        # a member of a trainer group (trainer_group): its group's play deploys it (tasks/group.yml), status
+        # judges its group as a whole
+        result["in_group"] = bool(variables.get("trainer_group"))
+        result["leave_to_group"] = entry == "main" and result["in_group"]
         result["changed"] = False
         if problems:
             result["failed"] = True

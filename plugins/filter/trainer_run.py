@@ -5,15 +5,13 @@
 - ``last_ran``: of a run's registered results, the latest call's that ran (a job's outcome);
 - ``trainer_lock_holder``: who holds the deploy lock after the run's last call that could hand it over
   (module_utils/plan/decide.last_lock_holder);
-- ``trainer_restart_done``: a deploy's restart ended proved within its first read, no watch after it: nothing is
-  left for the role (module_utils/plan/decide.restart_done);
 - ``launcher_metrics_args``: the launcher's metrics arguments, none without trainer_metrics_path.
 """
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import last_lock_holder, last_ran, restart_done
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import last_lock_holder, last_ran
 from ansible_collections.dflash.trainer.plugins.module_utils.proof.readiness import role_proof
 
 
@@ -43,10 +41,6 @@ def trainer_lock_holder(results):
     return last_lock_holder(_results(results))
 
 
-def trainer_restart_done(first_read, watch_s=0):
-    return restart_done(dict(first_read) if isinstance(first_read, Mapping) else first_read, watch_s)
-
-
 def launcher_metrics_args(path, interval_s, window_s, tokps_regex, step_regex):
     """The launcher's arguments for its metrics file: none when ``path`` is empty (the unit is then
     unchanged), else where it writes, how often, over which window and with which regexes."""
@@ -59,5 +53,5 @@ def launcher_metrics_args(path, interval_s, window_s, tokps_regex, step_regex):
 class FilterModule:
     def filters(self):
         return {"proof_options": proof_options, "trainer_last_ran": trainer_last_ran,
-                "trainer_lock_holder": trainer_lock_holder, "trainer_restart_done": trainer_restart_done,
+                "trainer_lock_holder": trainer_lock_holder,
                 "launcher_metrics_args": launcher_metrics_args}

@@ -129,6 +129,18 @@ options:
       min_tokps_ratio:
         description: The throughput gate of an ordinary deploy (a forced one, O(intent.force), has none).
         type: float
+      watch_s:
+        description: How long a deploy's proved trainer is watched after its restart (the role's C(trainer_watch_s);
+          V(watch) of RV(plan)).
+        type: float
+      gpu_host_view:
+        description: The node's view of the GPUs is read around the job (the role's C(trainer_gpu_host_view);
+          V(node_view_before), V(node_view_after) of RV(plan)).
+        type: bool
+      check_mode:
+        description: The play runs in check mode (this module runs with C(check_mode=false), to read) - no job
+          runs (V(run_job) of RV(plan)).
+        type: bool
   checks:
     description:
       - The role's variables the read is checked against before anything changes (by their names -
@@ -181,6 +193,9 @@ plan:
       V(refused) (why nothing may be done), V(no_op) (nothing past this call), V(current), V(last_good).
     - With O(settings), V(job_budget_s) (how long the play watches the run's job), V(watch_retries) (how many
       watch calls of 10 s that takes) and V(min_tokps_ratio) (the throughput gate of its job).
+    - The role's steps past this call, booleans (module_utils/plan/decide.py C(steps)) - V(run_job), V(start_job) (false
+      when this call started the job), V(node_view_before), V(node_view_after), V(watch), V(untouched),
+      V(install_unit), V(done) (the restart this call started ended proved within it, no watch after it).
   returned: success, or failure when the plan refuses
   type: dict
 lock_holder:
@@ -210,6 +225,8 @@ job_start:
       what M(dflash.trainer.trainer_restart) C(state=start) returns (V(started), V(finished), V(lock_holder),
       V(result) when it ended within its C(wait_s), V(not_started) with the reason when it refused), and
       V(failed).
+    - When the job ended within this call, what the role shows of its end (the action's) - V(ok), V(words) (the
+      proof), V(fail_msg).
   returned: when the call started the plan's job
   type: dict
 report:
@@ -218,6 +235,10 @@ report:
   returned: success
   type: list
   elements: str
+has_report:
+  description: Whether RV(report) has a line to show.
+  returned: success
+  type: bool
 untouched_words:
   description: The report of a plan that leaves the trainer running (no restart) - its unit, release, main PID and uptime;
     V(null) when the plan restarts.
@@ -252,7 +273,13 @@ from ansible_collections.dflash.trainer.plugins.module_utils.target.install impo
 )
 from ansible_collections.dflash.trainer.plugins.module_utils.job.state import job_alive, observe_job, outcome_words, read_state
 from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import acquire_waiting, release
-from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import ENTRIES, job_wait_s, lock_holder, make_plan
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import (
+    ENTRIES,
+    job_wait_s,
+    lock_holder,
+    make_plan,
+    restart_done,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils.release.prune import order_newest_first
 from ansible_collections.dflash.trainer.plugins.module_utils.release.root import list_releases
 from ansible_collections.dflash.trainer.plugins.module_utils.target.command import ModuleRunner
@@ -324,6 +351,9 @@ def main():
                 ready_timeout_s=dict(type="float"),
                 measure_s=dict(type="float"),
                 min_tokps_ratio=dict(type="float"),
+                watch_s=dict(type="float"),
+                gpu_host_view=dict(type="bool"),
+                check_mode=dict(type="bool"),
             )),
             install=dict(type="dict", options=INSTALL_SUBOPTIONS),
             env_content=ENV_CONTENT_OPTION,
@@ -381,8 +411,11 @@ def main():
             result["job_start"] = start_job(module, plan, p, run)
             result["lock_holder"] = result["job_start"].get("lock_holder", "unknown")
             result["changed"] = bool(result["job_start"].get("started"))
+            plan["start_job"] = False  # started here (or refused here: the role reports it)
+            plan["done"] = restart_done(result, 1 if plan["watch"] else 0)
     result.update(report=read_report(p["intent"]["entry"], plan, result, p["unit"]),
                   untouched_words=untouched_words(p["unit"], plan, result))
+    result["has_report"] = bool(result["report"])
     result = mask(result, read_secrets(p["env_file"]))
     if plan["refused"]:
         module.fail_json(msg=plan["refused"], **result)

@@ -70,6 +70,13 @@ options:
     description: With O(state=absent), a lock that is already gone (released by the restart job) is no warning.
     type: bool
     default: false
+  holder:
+    description:
+      - With O(state=absent), who holds the lock after the run's calls that could hand it over - V(play), V(job),
+        V(nobody) or V(unknown) (the role's C(__trainer_lock_holder)). The lock is released only when the play holds
+        it, and not in check mode; the task is skipped otherwise.
+      - Handled by the action plugin; the target never sees it.
+    type: str
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -134,6 +141,7 @@ def main():
             wait_s=dict(type="float", default=0),
             missing_ok=dict(type="bool", default=False),
             group_hold=dict(type="dict"),
+            holder=dict(type="str"),
         ),
         supports_check_mode=True,
     )

@@ -81,6 +81,24 @@ options:
     description: The proof's per-GPU minimum (C(trainer_gpu_min_mib)), for O(check=proof).
     type: int
     default: 1024
+  program:
+    description:
+      - What a C(raw) task of the script C(trainer_node_program_script) said of the node's Python (its result, or
+        its stdout) - judged with O(python) before the module runs in that Python; one another user may change is
+        refused (the task fails, the module not run).
+      - Handled by the action plugin; the target never sees it.
+    type: raw
+  python:
+    description:
+      - The node's Python the module runs in (the role's C(trainer_node_python)), judged with O(program).
+      - Handled by the action plugin; the target never sees it.
+    type: str
+  must:
+    description:
+      - V(false) - a node view that cannot be read does not fail the task (its result says why).
+      - Handled by the action plugin; the target never sees it.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - dflash.trainer.nvidia_smi
   - dflash.trainer.attributes.read_only
@@ -101,6 +119,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+has_lines:
+  description: Whether RV(lines) has a line to show - the action's.
+  returned: always
+  type: bool
 gpus:
   description: >-
     Per GPU, its memory split by holder (see the description); with O(container_gpus), the container's GPUs
@@ -197,6 +219,9 @@ def main():
             check=dict(type="str", default="none", choices=["none", "preflight", "proof"]),
             max_mib=dict(type="int", default=1024),
             min_mib=dict(type="int", default=1024),
+            program=dict(type="raw"),
+            python=dict(type="str"),
+            must=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )

@@ -54,9 +54,27 @@ options:
     choices: [start, run, wait, stop, preflight, check, good]
     default: start
   job_id:
-    description: The job's id (the play's lock token is a good one).
+    description:
+      - The job's id (the play's lock token is a good one).
+      - Required, but the action plugin names a job that O(state=start) or O(state=stop) starts without one (the
+        play's lock token, C(-stop) for a stop, and 8 random digits) and a watch with O(begun) takes it from there.
     type: str
-    required: true
+  begun:
+    description:
+      - With O(state=wait), the result of the call that started the job (this module's O(state=start) or
+        O(state=stop), or M(dflash.trainer.trainer_begin)'s C(job_start)) - its V(job_id) and the phases it said are
+        the watch's. A call that did not start the job fails the task with its reason, nothing watched; a job that
+        ended within it is not watched again. The result then says what the role shows of the job's end - V(ok),
+        V(words), V(fail_msg) - and the task does not fail on the job's verdict.
+      - Handled by the action plugin; the target never sees it.
+    type: dict
+  kind:
+    description:
+      - With O(begun), what the job is - V(restart) (V(words) is its proof) or V(stop) (what was stopped).
+      - Handled by the action plugin; the target never sees it.
+    type: str
+    choices: [restart, stop]
+    default: restart
   state_path:
     description: The job's state file in the container.
     type: path
@@ -361,6 +379,21 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ok:
+  description: With O(begun), the job's verdict (its result's V(ok)) - the action's.
+  returned: with O(begun), when the job started
+  type: bool
+words:
+  description: With O(begun) and V(ok), what the role shows - the proof in one line and the throughput beside the
+    previous good release's (O(kind=restart)), or what was stopped (O(kind=stop)).
+  returned: with O(begun), when the job started
+  type: list
+  elements: str
+fail_msg:
+  description: With O(begun), why the job failed or that it did not end within its budget (its phase); V(null) when
+    it proved.
+  returned: with O(begun), when the job started
+  type: str
 still:
   description:
     - With O(state=check), whether the member still runs what its job O(job_id) proved - C(ok), C(msg) (why not -
@@ -606,6 +639,8 @@ def group_member(module):
 
 def main():
     module = AnsibleModule(argument_spec=RESTART_OPTIONS, supports_check_mode=True)
+    if not module.params["job_id"]:  # the action names a job it starts; a watch takes it from begun
+        module.fail_json(msg="job_id is required", not_started=True, lock_holder="play")
     try:
         with_proof(module.params)
     except ValueError as exc:  # before anything is started: the lock is still the play's

@@ -81,6 +81,15 @@ options:
         RV(gpus_mib) is V(null) and RV(gpu_error) says why; the task does not fail.
     type: str
     default: nvidia-smi
+  group:
+    description:
+      - A trainer group judged as a whole from every member's read, registered earlier in the play - nothing is
+        read on the target. V(name) (the group), V(members) (its hosts), V(read) (the name of the variable each
+        member registered this module's read in), V(in_run) (the hosts of this run; a member not among them is not
+        judged). The result is RV(group_status) (also set as the fact C(__trainer_group_status)) and
+        RV(group_failed).
+      - Handled by the action plugin; the target never sees it.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -104,6 +113,19 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+as_expected:
+  description: The trainer runs its proved release healthily, or was stopped on purpose (RV(health)) - the action's.
+  returned: when RV(health) is read
+  type: bool
+group_status:
+  description: With O(group), whether the group runs as one proved job - V(ok) (V(null) when not judged, a member
+    not read in this run), V(words), V(members) (those that do not, or were not read).
+  returned: with O(group)
+  type: dict
+group_failed:
+  description: With O(group), the group was judged and does not run as one proved job.
+  returned: with O(group)
+  type: bool
 log:
   description:
     - A start's log (O(log_lines), O(log_offset)) - invocation, release, lines, offset and inode to follow
@@ -334,6 +356,7 @@ def main():
             log_offset=dict(type="int"),
             log_inode=dict(type="int"),
             log_wait_s=dict(type="float", default=0),
+            group=dict(type="dict"),
         ),
         required_together=[("log_offset", "log_inode")],
         supports_check_mode=True,

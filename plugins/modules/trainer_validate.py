@@ -93,6 +93,17 @@ owned:
   type: list
   elements: dict
   sample: [{"variable": "trainer_root", "kind": "root", "path": "/opt/dflash"}]
+in_group:
+  description: Whether the host is a member of a trainer group (C(trainer_group) set) - its group's play deploys it,
+    status judges its group as a whole.
+  returned: by the action plugin, when the inputs were checked
+  type: bool
+  sample: false
+leave_to_group:
+  description: For O(entry=main), a member of a trainer group - the deploy leaves it to its group's play.
+  returned: by the action plugin, when the inputs were checked
+  type: bool
+  sample: false
 """
 
 # No code: the action plugin (plugins/action/trainer_validate.py) runs the checks on the controller, as

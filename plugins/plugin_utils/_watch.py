@@ -12,6 +12,8 @@ Ansible's "FAILED - RETRYING" of an until loop, which says nothing of what happe
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # a phase's "waiting" text is said again after this long even when unchanged (a long proof shows life)
 REPEAT_S = 30.0
 
@@ -55,3 +57,51 @@ def say_start(display, host, result):
     if isinstance(result, dict) and result.get("started"):
         for line in lines(result, 0, "", 0.0, None)[0]:
             display.display("[%s] restart job: %s" % (host, line))
+
+
+def proof_words(unit, proof, reasons):
+    """The proof of a restart in one line: ``unit`` ready, the release, its start, how long it took, the step and
+    throughput it showed, the GPU memory it holds; ``reasons``: why it restarted."""
+    proof = dict((k, "" if v is None else v) for k, v in proof.items()) if isinstance(proof, Mapping) else {}
+    words = "%s ready: release %s, invocation %s, pid %s, %s s to ready, step %s, %s tok/s, GPU MiB %s" % tuple(
+        [unit] + [proof.get(k, "") for k in ("release", "invocation_id", "main_pid", "seconds_to_ready", "step",
+                                             "tok_s", "gpus_mib")])
+    if "baseline_words" in proof:
+        words += " (not counted for the trainer: %s held before the start)" % proof["baseline_words"]
+    if "gpu_memory" in proof:
+        words += "; GPU memory counted: %s" % proof["gpu_memory"]
+    if "paused_s" in proof:
+        words += "; the proof did not run for %s s (its container frozen), not counted" % proof["paused_s"]
+    return "%s; restarted because: %s" % (words, "; ".join(str(r) for r in reasons or []))
+
+
+def outcome(job, unit, reasons, kind="restart"):
+    """What the role shows of a job's end (``job``: the watch's result, or the start call's when the job ended
+    within it) -> dict(ok, words, fail_msg): V(ok) the job's verdict; V(words) what a proved restart (its proof,
+    and its throughput beside the previous good release's) or a stop (what was stopped) says; V(fail_msg) what a
+    job that failed, or did not end within its budget, fails with. ``reasons``: why it restarted (the start
+    call's, else the plan's); ``kind``: restart or stop."""
+    job = job if isinstance(job, Mapping) else {}
+    result = job.get("result") if isinstance(job.get("result"), Mapping) else {}
+    ok = result.get("ok") is True
+    words = []
+    if ok and kind == "stop":
+        words = [result.get("outcome")]
+    elif ok:
+        words = [proof_words(unit, result.get("proof"), reasons)]
+        if isinstance(result.get("comparison"), Mapping):
+            words.append(result["comparison"].get("words"))
+    fail_msg = job.get("msg") or "the %s job did not finish within its budget (phase %s)" % (
+        kind, job.get("phase") or "?")
+    return dict(ok=ok, words=words, fail_msg=None if ok else fail_msg)
+
+
+def not_started_msg(begun):
+    """The failure of a call that was to start a job and did not say it started (``begun``: its result): its
+    message, its output indented, and - unless it said nothing was started - that the job may run on."""
+    lines = [begun.get("msg") or "the call that starts the restart job failed"]
+    lines.extend("    %s" % line for line in begun.get("output") or [])
+    if not begun.get("not_started"):
+        lines.append("(the restart job may have started: it goes on on the target and releases the lock when it ends;"
+                     " the next run reports its outcome)")
+    return "\n".join(lines)

@@ -182,7 +182,7 @@ def test_trainer_restart_documents_exactly_the_declared_keys():
         assert " ".join(doc["returned"].split()) == " ".join(f.returned.split()), f.name
 
 
-# --- the role reads only declared keys ----------------------------------------------------------
+# --- the role (and the controller's outcome for it) reads only declared keys ----------------------------------------------------------
 
 def test_the_role_reads_only_declared_keys():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -193,6 +193,12 @@ def test_the_role_reads_only_declared_keys():
                 if name.endswith((".yml", ".yaml")):
                     text = open(os.path.join(where, name)).read()
                     read.update(re.findall(r"__trainer_job\w*\.result\.(\w+)", text))
+    # what the role shows of a job's end is read by the controller's outcome (plugin_utils/_watch.py)
+    with open(os.path.join(root, "plugins", "plugin_utils", "_watch.py")) as fh:
+        source = fh.read()
+    body = source[source.index("\ndef outcome("):]
+    body = body[:body.index("\ndef ", 1)]
+    read.update(re.findall(r"\bresult(?:\.get\(|\[)\"(\w+)\"", body))
     assert read and read <= set(KEYS), sorted(read - set(KEYS))
 
 

@@ -223,3 +223,59 @@ def _first_read(**job):
 ])
 def test_restart_done(name, first_read, watch_s, want):
     assert restart_done(first_read, watch_s) is want, name
+
+
+SETTINGS = {"stop_timeout_s": 60, "drain_timeout_s": 60, "ready_timeout_s": 600, "measure_s": 0, "min_tokps_ratio": 0}
+STEPS = ("run_job", "start_job", "node_view_before", "node_view_after", "watch", "would_restart", "untouched",
+         "install_unit", "done")
+STEP_ROWS = [
+    # (entry, intent, read, install, settings) -> the steps that are true
+    ("a deploy that changes nothing", dict(entry="deploy", release="r1"), proved(), NO_CHANGE, {}, set()),
+    ("a new release", dict(entry="deploy", release="r2"), proved(), NO_CHANGE, {}, {"run_job", "start_job"}),
+    ("a new release, watched, the node's view read", dict(entry="deploy", release="r2"), proved(), NO_CHANGE,
+     dict(watch_s=60, gpu_host_view=True),
+     {"run_job", "start_job", "node_view_before", "node_view_after", "watch"}),
+    ("a new release in check mode", dict(entry="deploy", release="r2"), proved(), NO_CHANGE,
+     dict(check_mode=True, watch_s=60, gpu_host_view=True), {"would_restart"}),
+    ("only the enablement changes", dict(entry="deploy", release="r1"), proved(),
+     dict(NO_CHANGE, enabled_changed=True, changed=True), {}, {"untouched", "install_unit"}),
+    ("only the enablement changes, check mode", dict(entry="deploy", release="r1"), proved(),
+     dict(NO_CHANGE, enabled_changed=True, changed=True), dict(check_mode=True), {"untouched"}),
+    ("a restart is never watched (trainer_watch_s is a deploy's)", dict(entry="restart"), proved(), None,
+     dict(watch_s=60), {"run_job", "start_job"}),
+    ("a stop: the node's view before it, none after", dict(entry="stop"), proved(), None, dict(gpu_host_view=True),
+     {"run_job", "start_job", "node_view_before"}),
+    ("a stop in check mode", dict(entry="stop"), proved(), None, dict(check_mode=True), set()),
+    ("a refused rollback", dict(entry="rollback"), proved(), None, dict(gpu_host_view=True), set()),
+]
+
+
+@pytest.mark.parametrize("name,intent,status,install,settings,want", STEP_ROWS, ids=[r[0] for r in STEP_ROWS])
+def test_the_steps_past_the_first_read(name, intent, status, install, settings, want):
+    plan = make_plan(intent, status, install, settings=dict(SETTINGS, **settings))
+    assert {s for s in STEPS if plan[s] is True} == want, name
+    assert all(isinstance(plan[s], bool) for s in STEPS)  # a `when:` reads each as it is
+
+
+def test_the_steps_without_settings_are_booleans_too():
+    plan = make_plan({"entry": "restart"}, proved())
+    assert plan["run_job"] is True and plan["watch"] is False and plan["node_view_before"] is False
+
+
+def test_the_first_reads_report():
+    from ansible_collections.dflash.trainer.plugins.module_utils.plan.begin import read_report
+    read = dict(proved(), main_pid=42, seconds_since_start=7)
+    no_op = make_plan({"entry": "deploy", "release": "r1"}, read, NO_CHANGE, settings=SETTINGS)
+    assert read_report("deploy", no_op, read, "t") == ["t left running: release r1 unchanged, pid 42, up 7 s"]
+    enable = make_plan({"entry": "deploy", "release": "r1"}, read, dict(NO_CHANGE, enabled_changed=True, changed=True),
+                       settings=SETTINGS)
+    assert read_report("deploy", enable, read, "t") == ["t left running: release r1 unchanged, pid 42, up 7 s"]
+    check = make_plan({"entry": "deploy", "release": "r2"}, read, NO_CHANGE, settings=dict(SETTINGS, check_mode=True))
+    assert read_report("deploy", check, read, "t") == [
+        "would restart t: release switched to r2; running release r1 is not current r2"]
+    assert read_report("deploy", make_plan({"entry": "deploy", "release": "r2"}, read, NO_CHANGE, settings=SETTINGS),
+                       read, "t") == []
+    start = make_plan({"entry": "start"}, read, settings=SETTINGS)
+    assert read_report("start", start, read, "t") == [
+        "t already runs its proved release: %s (pid 42); nothing was started - left running (a restart: "
+        "playbooks/restart.yml)" % HEALTHY["words"]]

@@ -30,7 +30,9 @@ def with_proof(params):
 
 RESTART_OPTIONS = dict(
     state=dict(type="str", choices=["start", "run", "wait", "stop", "preflight", "check", "good"], default="start"),
-    job_id=dict(type="str", required=True),
+    job_id=dict(type="str"),
+    begun=dict(type="dict"),
+    kind=dict(type="str", choices=["restart", "stop"], default="restart"),
     state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
     wait_s=dict(type="float"),
     seen=dict(type="int"),

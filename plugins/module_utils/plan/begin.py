@@ -106,8 +106,15 @@ def untouched_words(unit, plan, result):
 
 def read_report(entry, plan, result, unit):
     """The lines the run shows right after its first read: what the last restart job did, and, for a
-    deploy that changes nothing (it ends here), that the trainer is left running - one report."""
+    deploy that restarts nothing (it ends here, or only installs: the plan's V(untouched)), that the trainer is
+    left running, for a deploy in check mode (V(would_restart)), what it would restart, for a start that finds it
+    running its proved release, that nothing was started - one report."""
     lines = [last_job_words(result)]
-    if entry == "deploy" and plan.get("no_op"):
+    if entry == "deploy" and (plan.get("no_op") or plan.get("untouched")):
         lines.append(untouched_words(unit, plan, result))
+    if plan.get("would_restart"):
+        lines.append("would restart %s: %s" % (unit, "; ".join(plan.get("reasons") or [])))
+    if entry == "start" and plan.get("no_op") and plan.get("words"):  # it ends here, nothing started
+        lines.append("%s %s (pid %s); nothing was started - left running (a restart: playbooks/restart.yml)"
+                     % (unit, plan["words"], result.get("main_pid")))
     return [line for line in lines if line]

@@ -124,13 +124,50 @@ def min_tokps_ratio(intent, settings):
 
 def make_plan(intent, status, install=None, settings=None):
     """The plan (``decide``) with what its job takes from the role's ``settings``: V(job_budget_s) and
-    V(watch_retries) (see ``job_budget_s``), V(min_tokps_ratio) (absent without settings)."""
+    V(watch_retries) (see ``job_budget_s``), V(min_tokps_ratio) (absent without settings); and the steps
+    the role carries out (``steps``)."""
     plan = decide(intent, status, install)
     if settings:
         plan["job_budget_s"] = job_budget_s(plan["entry"], settings)
         plan["watch_retries"] = watch_retries(plan["job_budget_s"])
         plan["min_tokps_ratio"] = min_tokps_ratio(intent, settings)
+    plan.update(steps(plan, install, settings))
     return plan
+
+
+def steps(plan, install=None, settings=None):
+    """The role's steps past the first read, each a boolean the role's ``when:`` reads as it is (nothing
+    is decided in YAML; tests/unit/test_one_decider.py), from the plan and the role's ``settings``:
+    V(check_mode) (the play's: nothing changes), V(gpu_host_view) (the node's view of the GPUs is read),
+    V(watch_s) (trainer_watch_s: how long the proved trainer is watched after a deploy's restart).
+
+    - run_job: a job (restart or stop) runs on the target, watched by the play to its end;
+    - start_job: the role starts that job (the first read starts a restart of what is on the target
+      itself and sets it false then: trainer_begin);
+    - node_view_before / node_view_after: the node's view of the GPUs is read before the job's start (its
+      foreign memory is the drain's and the pre-flight's) / after a restart (the proof checked against it);
+    - watch: a deploy's proved trainer is watched for watch_s;
+    - would_restart: a deploy in check mode says what it would restart (in the first read's report);
+    - untouched: a deploy that restarts nothing ran past the first read (only the unit's enablement
+      changes, or the install refuses): the trainer is left running (the first read's report says so);
+      install_unit: the install runs then;
+    - done: nothing is left past the first read (trainer_begin: the restart it started ended proved
+      within its call, no watch after it)."""
+    settings = settings or {}
+    check = bool(settings.get("check_mode"))
+    view = bool(settings.get("gpu_host_view"))
+    refused = bool(plan.get("refused"))
+    run_job = bool(plan.get("restart") or plan.get("stop")) and not (check or refused)
+    untouched = plan.get("entry") == "deploy" and not (plan.get("restart") or plan.get("no_op") or refused)
+    return dict(
+        run_job=run_job, start_job=run_job,
+        node_view_before=view and run_job,
+        node_view_after=view and run_job and bool(plan.get("restart")),
+        watch=run_job and plan.get("entry") == "deploy" and _seconds(settings.get("watch_s")) > 0,
+        would_restart=check and plan.get("entry") == "deploy" and bool(plan.get("restart")),
+        untouched=untouched,
+        install_unit=untouched and not check and bool((install or {}).get("changed")),
+        done=False)
 
 
 def decide(intent, status, install=None):
