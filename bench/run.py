@@ -252,13 +252,13 @@ class Bench(object):
             after = self.unit_state(220)
             rows = bl.task_results(r["doc"])
             totals = bl.recap_totals(r["doc"])
-            # the one report after the first read says the trainer is left running (trainer_begin's report)
+            # the one report after the first read says the trainer is left running (trainer_plan's report)
             untouched = [x for x in rows if x["action"] == "ansible.builtin.debug"
                          and "left running" in str(x["result"].get("msg", ""))]
             check = {
                 "changed": totals.get("changed"),
                 # the first read judged it (trainer_status no_op) and the role ended there
-                "no_op_read": any((x["result"].get("plan") or {}).get("no_op") for x in bl.ran(rows, "dflash.trainer.trainer_begin")),
+                "no_op_read": any((x["result"].get("plan") or {}).get("no_op") for x in bl.ran(rows, "dflash.trainer.trainer_plan")),
                 "reported_untouched": bool(untouched) and not any(x["result"].get("skipped") for x in untouched),
                 "same_main_pid": before.get("MainPID") == after.get("MainPID") != "0",
                 "same_invocation": before.get("InvocationID") == after.get("InvocationID"),

@@ -17,13 +17,13 @@ Where each field comes from (per host):
   (state present); failing that, the `current` of the last one. A job that switched nothing (a restart, a
   start) ran the release current points at: it is release and previous_release both.
 - rolled_back: the job rolled back, or a rollback entry point's job switched `current` (the plan's entry,
-  `trainer_begin`'s `plan`).
+  `trainer_plan`'s `plan`).
 - restarted: the restart job (`dflash.trainer.trainer_restart`, finished: in the call that started it or in
   the watch) says it restarted the unit.
 - proof: the restart job's `proof` (or, after a rollback, its `rollback_proof`); its finished result carries
   proof, rolled_back, log_tail, read as `RestartJobResult`, whose fields are keys the job's result declares.
 - log_tail: the restart job's `log_tail` (the failed start's log).
-- status: the last `dflash.trainer.trainer_status` or `trainer_begin` (the first read) result (for a
+- status: the last `dflash.trainer.trainer_status` or `trainer_plan` (the first read) result (for a
   deploy that restarted, the read before the restart; run `status()` for the state afterwards).
 - log: `log` of the last trainer_status result that read the log (playbooks/logs.yml).
 - diffs: every task result's `diff` (diff mode: `--diff`), in order, each with its task's name.
@@ -31,7 +31,7 @@ Where each field comes from (per host):
   `dark`.
 - refused: the host's first failure was a check that runs before any change: the input checks
   (`dflash.trainer.trainer_validate`, `validate_argument_spec`, an `assert`), the deploy lock not taken
-  or a plan refused (`trainer_begin` returned `lock_refused` or `plan.refused`), or the restart job not
+  or a plan refused (`trainer_plan` returned `lock_refused` or `plan.refused`), or the restart job not
   started (`trainer_restart` returned `not_started`: a refused pre-flight, a failed install, another
   restart running - reported by the role's fail task after it). A refused host's release is the one
   current still points at (an uploaded release no job switched to is not it), as previous_release too.
@@ -539,7 +539,7 @@ def _is_refusal(action: str, res: Mapping) -> bool:
     """A failed result of a check that runs before any change (see the module's docstring)."""
     if _is(action, "trainer_validate") or action in _CHECKS:
         return True
-    if _is(action, "trainer_begin") and (_bool(res.get("lock_refused")) or _mapping(res.get("plan")).get("refused")):
+    if _is(action, "trainer_plan") and (_bool(res.get("lock_refused")) or _mapping(res.get("plan")).get("refused")):
         return True
     return _is(action, "trainer_restart") and bool(_bool(res.get("not_started")) or _bool(res.get("preflight_refused")))
 
@@ -570,7 +570,7 @@ class _HostState:
         self.current_fallback: Optional[str] = None
         # the deploy's release was current already (no trainer_release ran): previous is the same release
         self.unswitched = False
-        self.entry: Optional[str] = None  # the plan's entry point (trainer_begin)
+        self.entry: Optional[str] = None  # the plan's entry point (trainer_plan)
         # what current pointed at when this run uploaded its release (None: no upload); the job switched it
         self.upload_over: Optional[str] = None
         self.job_switched = False
@@ -604,7 +604,7 @@ class _HostState:
         elif _is(action, "trainer_validate") and kind == "ok" and res.get("source") is not None:
             r.source = _str(res.get("source"))  # "": trainer_src is not a git checkout
         elif (_is(action, "trainer_status") and "group_status" not in res  # (a group's verdict reads nothing)
-              or _is(action, "trainer_begin")) and kind == "ok":
+              or _is(action, "trainer_plan")) and kind == "ok":
             r.status = TrainerStatus.from_result(res)
             plan = _mapping(res.get("plan"))
             self.entry = _str(plan.get("entry")) or self.entry
@@ -628,10 +628,10 @@ class _HostState:
                 self.current_fallback = _str(res.get("current")) or _str(res.get("release")) or self.current_fallback
 
     def job_start(self, kind: str, res: Mapping) -> None:
-        """A result of the restart job's start or watch (trainer_restart; trainer_begin's job_start)."""
+        """A result of the restart job's start or watch (trainer_restart; trainer_plan's job_start)."""
         r = self.result
         if _bool(res.get("finished")):
-            # the restart job (stop, drain, purge, start, prove; rollback), watched with state=wait
+            # the restart job (stop, drain, purge, start, prove; rollback), watched with operation=wait
             if isinstance(res.get("reasons"), list):  # a job that ended within the call that started it
                 r.reasons = [_str(x) or "" for x in res["reasons"]]
             job = RestartJobResult.from_result(res.get("result"))

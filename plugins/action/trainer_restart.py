@@ -7,7 +7,7 @@ module, its payload kept between runs (plugins/plugin_utils/_payload_cache.py).
 With ``job`` (the controller's own option, never sent to the target): the role's restart-job settings, whole,
 spread under the task's own options (plugin_utils/_job_spec.py).
 
-With O(state=wait) and ``watch_calls`` (the controller's own option, never sent to the target): the
+With O(operation=wait) and ``watch_calls`` (the controller's own option, never sent to the target): the
 task watches the job to its end, in up to that many calls of O(wait_s) each, and says each phase as
 it begins and what it waits for (plugin_utils/_watch.py) - one task instead of an until loop, whose
 retries Ansible shows as "FAILED - RETRYING".
@@ -16,11 +16,11 @@ With ``group_hold`` (the controller's own option, never sent to the target): a t
 own task ended renews its deploy lock until every member's task ended (plugin_utils/_group_hold.py) - the
 lease never runs out while the play waits for the slowest member.
 
-With O(state=start) or O(state=stop) and no O(job_id): the job is named here - the play's lock token, C(-stop) for
+With O(operation=start) or O(operation=stop) and no O(job_id): the job is named here - the play's lock token, C(-stop) for
 a stop, and 8 random digits.
 
-With O(state=wait) and ``begun`` (the controller's own option, never sent to the target): the result of the call
-that started the job (the role's ``trainer_restart`` O(state=start) or O(state=stop), or the first read's
+With O(operation=wait) and ``begun`` (the controller's own option, never sent to the target): the result of the call
+that started the job (the role's ``trainer_restart`` O(operation=start) or O(operation=stop), or the first read's
 ``job_start``). Its O(job_id) and the phases it said are the watch's; a call that did not start the job fails
 the task here with its reason (nothing was watched); a job that ended within that call is not watched again. The
 result then says what the role shows of the job's end (plugin_utils/_watch.py ``outcome``): V(ok), V(words) (the
@@ -59,14 +59,14 @@ class ActionModule(KeptPayload, NormalAction):
         calls = args.pop("watch_calls", None)
         begun, kind = args.pop("begun", None), args.pop("kind", "restart")
         host = (task_vars or {}).get("inventory_hostname", "?")
-        if args.get("state") in ("start", "stop") and not args.get("job_id"):
+        if args.get("operation") in ("start", "stop") and not args.get("job_id"):
             args["job_id"] = job_name(args)
         self._task.args = dict(args, watch_calls=calls) if calls is not None else dict(args)
         if begun is not None:
             return self._outcome(begun, kind, calls, tmp, task_vars)
-        if calls is None or args.get("state") != "wait":
+        if calls is None or args.get("operation") != "wait":
             result = super().run(tmp, task_vars)
-            if args.get("state") in ("start", "stop"):  # the first watch rides with the start: its phases
+            if args.get("operation") in ("start", "stop"):  # the first watch rides with the start: its phases
                 say_start(display, host, result)
             return result
         return self._watch(args, calls, host, task_vars)
@@ -117,5 +117,5 @@ class ActionModule(KeptPayload, NormalAction):
 
 def job_name(args):
     """A job's id: the play's lock token, C(-stop) for a stop, and 8 random digits."""
-    return "%s-%s%s" % (args.get("lock_token") or "job", "stop-" if args.get("state") == "stop" else "",
+    return "%s-%s%s" % (args.get("lock_token") or "job", "stop-" if args.get("operation") == "stop" else "",
                         "".join(secrets.choice(string.digits) for _i in range(8)))

@@ -16,7 +16,7 @@ description:
   - With the default callback, hiding skipped tasks delays each task's banner until its first result,
     so the lines a restart job's watch says while it runs (C([host] restart job - proving ...)) came before
     the banner of the task that said them. This callback prints the banner of a task whose action speaks
-    while it runs (the collection's trainer_begin, trainer_restart, trainer_lock and trainer_release)
+    while it runs (the collection's trainer_plan, trainer_restart, trainer_lock and trainer_release)
     when that task starts; such a task, when skipped, says C(skipping) under its banner.
   - From C(-vvv) on, where Ansible says each task's connection and module lines while it runs, every task's
     banner is printed when it starts and a skipped task says C(skipping) under it, as with the default callback.
@@ -41,7 +41,7 @@ from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 # (plugins/plugin_utils/_watch.py) and a trainer group's waits (_group_hold.py's warnings).
 # tests/unit/test_concise_callback.py fails if an action that speaks is missing here.
 SPEAKING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
-    "trainer_begin", "trainer_restart", "trainer_lock", "trainer_release"))
+    "trainer_plan", "trainer_restart", "trainer_lock", "trainer_release"))
 
 
 # The collection's actions whose answer may carry words to say (``msg``, with ``_ansible_verbose_always``: a trainer

@@ -28,7 +28,7 @@ description:
     (removed from what the task sees); once it has, the exit status and the texts are the
     command's own, whatever they say - 255, an C(ssh) or a C(sudo:) error of a command run in
     the container included - and are returned to the task.
-  - A run's first contact (the first read of a deploy, C(trainer_begin), or the read of status, logs and
+  - A run's first contact (the first read of a deploy, C(trainer_plan), or the read of status, logs and
     history, C(trainer_status)) holds its input back until its call reaches the container; a call
     that has not after 5 s asks the node for the container's freezer state, and a
     frozen container (a suspend-mode backup, C(lxc-freeze)) fails it at once, UNREACHABLE, naming

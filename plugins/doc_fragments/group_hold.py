@@ -14,7 +14,7 @@ options:
   group_hold:
     description:
       - A trainer group's member (the controller's own option, never sent to the target). Once this member's own
-        work in the task ended, the task renews its deploy lock (M(dflash.trainer.trainer_lock) O(state=renew), every
+        work in the task ended, the task renews its deploy lock (M(dflash.trainer.trainer_lock) C(state=renew), every
         quarter lease) until every member's task ended, so that no member's lease runs out while the play waits for
         the slowest one. A killed controller renews nothing, and every lease then runs out on its own.
       - C(key) (the same on every member), C(phase) (which task), C(me), C(members) (every member that runs the

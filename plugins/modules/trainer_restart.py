@@ -9,17 +9,17 @@ DOCUMENTATION = r"""
 module: trainer_restart
 short_description: Restart, prove and roll back the trainer as one job on the target
 description:
-  - O(state=start) starts the job detached from the connection (a new session, double fork, no
+  - O(operation=start) starts the job detached from the connection (a new session, double fork, no
     standard streams, without the file transfers of Ansible's async wrapper) and returns
     at once, once the job has recorded itself in O(state_path); the role uses this.
-  - O(state=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
+  - O(operation=run) runs the whole restart cycle on the target - stop, GPU drain, cache purge, start,
     readiness proof, mark the release good (keeping the configuration it was proved with beside it) -
     and on failure the rollback (C(current) back to the last good release, the unit, environment file
     and launcher proved with it put back, the same cycle again; after an environment-only or forced
     restart of that same release, its proved configuration back) or, with no good release to go back
     to, stops the failed trainer and says nothing was rolled back. Any error in any step ends in a
     restore or a rollback with a recorded reason.
-    Started with O(state=start), it runs detached in the container, so a lost connection or a killed
+    Started with O(operation=start), it runs detached in the container, so a lost connection or a killed
     C(ansible-playbook) never strands a stopped trainer.
   - It takes the deploy lock's lease over from the play (O(lock_path), O(lock_token), a lease of
     O(lock_lease_s)), renews it from a thread while it runs, and checks it is still its own before it
@@ -27,12 +27,12 @@ description:
     second job refuses to start while one runs. It records its phase in O(state_path) (kept on disk,
     so a reboot in the middle is found by the next run); at the end it records its outcome there and
     releases the lock.
-  - O(state=stop) starts, detached the same way and under the same lease, a deliberate stop - what runs is read
+  - O(operation=stop) starts, detached the same way and under the same lease, a deliberate stop - what runs is read
     (release, pid, uptime, the last step and tok/s of this start's log), the unit is stopped (C(systemctl stop), the
     whole tree - systemd's C(Restart=) never brings back a unit stopped so), every trainer GPU drained and, with
     O(disable), the unit disabled - and records it in O(state_path) (kind C(stop)), so that
     M(dflash.trainer.trainer_status) reads it as stopped on purpose; RV(result.stopped) says what was stopped.
-  - O(state=wait) waits up to O(wait_s) for the job O(job_id) and returns its phase, or its
+  - O(operation=wait) waits up to O(wait_s) for the job O(job_id) and returns its phase, or its
     outcome when it has finished (failing when the restart failed). A job that died without an
     outcome is reported as such, with the unit's state.
 author:
@@ -43,7 +43,7 @@ extends_documentation_fragment:
   - dflash.trainer.log_patterns
   - dflash.trainer.install_files
 options:
-  state:
+  operation:
     description: V(start) starts the job detached and returns; V(run) runs it in the foreground
       (for tests); V(wait) watches it; V(stop) starts a deliberate stop the same way as V(start); V(preflight) only
       runs O(preflight) (in the environment of O(install), staged, nothing installed) - a trainer group's first phase,
@@ -56,13 +56,13 @@ options:
   job_id:
     description:
       - The job's id (the play's lock token is a good one).
-      - Required, but the action plugin names a job that O(state=start) or O(state=stop) starts without one (the
+      - Required, but the action plugin names a job that O(operation=start) or O(operation=stop) starts without one (the
         play's lock token, C(-stop) for a stop, and 8 random digits) and a watch with O(begun) takes it from there.
     type: str
   begun:
     description:
-      - With O(state=wait), the result of the call that started the job (this module's O(state=start) or
-        O(state=stop), or M(dflash.trainer.trainer_begin)'s C(job_start)) - its V(job_id) and the phases it said are
+      - With O(operation=wait), the result of the call that started the job (this module's O(operation=start) or
+        O(operation=stop), or M(dflash.trainer.trainer_plan)'s C(job_start)) - its V(job_id) and the phases it said are
         the watch's. A call that did not start the job fails the task with its reason, nothing watched; a job that
         ended within it is not watched again. The result then says what the role shows of the job's end - V(ok),
         V(words), V(fail_msg) - and the task does not fail on the job's verdict.
@@ -81,25 +81,25 @@ options:
     default: /var/lib/dflash-trainer/restart.json
   wait_s:
     description:
-      - With O(state=wait), how long to wait for the job to finish before returning its phase (default 30).
-      - With O(state=start), how long to wait for it once it started (default 0 - return once it recorded
-        itself). A restart that ends within it needs no O(state=wait) call.
+      - With O(operation=wait), how long to wait for the job to finish before returning its phase (default 30).
+      - With O(operation=start), how long to wait for it once it started (default 0 - return once it recorded
+        itself). A restart that ends within it needs no O(operation=wait) call.
     type: float
   seen:
     description:
-      - With O(state=wait), how many phases of the job's timeline the watcher has shown; the call comes back
+      - With O(operation=wait), how many phases of the job's timeline the watcher has shown; the call comes back
         as soon as a phase more has begun (not finished), or at the end of O(wait_s).
     type: int
   watch_calls:
     description:
-      - With O(state=wait), the controller watches the job to its end in one task, in up to this many calls
+      - With O(operation=wait), the controller watches the job to its end in one task, in up to this many calls
         of O(wait_s) (a call that comes back with a new phase is not counted), and says each phase as it
         begins and what it waits for - instead of an C(until) loop's "FAILED - RETRYING". Handled by the
         action plugin; the target never sees it.
     type: int
   job:
     description:
-      - The restart job's settings, whole - every option below but O(state), O(release), O(reasons),
+      - The restart job's settings, whole - every option below but O(operation), O(release), O(reasons),
         O(min_tokps_ratio), O(install), O(env_content) and O(environment_json) - as the role builds them once
         (C(__trainer_job_args)). An option given on the task itself wins over the same one in O(job) - a call
         names only what differs for it. A key that is no option of the job is refused before anything runs.
@@ -111,7 +111,7 @@ options:
     default: "{}"
   preflight:
     description:
-      - With O(state=start), pre-flight the release first, as O(state=preflight) does (the
+      - With O(operation=start), pre-flight the release first, as O(operation=preflight) does (the
         same checks and options), while the old trainer still runs; a refusal fails the task with
         RV(preflight_refused), and nothing is installed, stopped or started. O(install) comes next, then the
         job. The play's lease (O(lock_path), O(lock_token)) is renewed meanwhile.
@@ -258,8 +258,8 @@ options:
     description:
       - Record the proved release as C(last_good) (and keep the configuration proved with it, and record it proved
         in the ledger). V(false) - a member of a trainer group, nothing is recorded by the job; once every member's
-        job proved it, O(state=check) looks at every member again at one moment and, when all of them still run
-        what was proved, O(state=good) records it on every member.
+        job proved it, O(operation=check) looks at every member again at one moment and, when all of them still run
+        what was proved, O(operation=good) records it on every member.
     type: bool
     default: true
   restore_config:
@@ -338,12 +338,12 @@ options:
     description: The unit's launcher, kept and restored with the proved configuration (see O(unit_path)).
     type: path
   disable:
-    description: With O(state=stop), disable the unit after the stop, so that it stays stopped across a reboot of
+    description: With O(operation=stop), disable the unit after the stop, so that it stays stopped across a reboot of
       the container (a start with O(enable) enables it again). Default - it stays enabled and starts at the next boot.
     type: bool
     default: false
   enable:
-    description: With O(state=start), enable the unit before the job when it is disabled (a stop with O(disable)
+    description: With O(operation=start), enable the unit before the job when it is disabled (a stop with O(disable)
       disabled it); a failure fails the task with RV(not_started).
     type: bool
     default: false
@@ -355,7 +355,7 @@ notes:
     C(--)) and environment file - an HMAC-SHA256 keyed with C(<root>/config.key) (random, mode 0600, made by
     the first job), 8 hex characters - so a deploy that changes only the command or the environment is an entry
     of its own; no value can be read back from it.
-  - Check mode is not supported by O(state=run) (the role does not call it in check mode).
+  - Check mode is not supported by O(operation=run) (the role does not call it in check mode).
 """
 
 EXAMPLES = r"""
@@ -396,14 +396,14 @@ fail_msg:
   type: str
 still:
   description:
-    - With O(state=check), whether the member still runs what its job O(job_id) proved - C(ok), C(msg) (why not -
+    - With O(operation=check), whether the member still runs what its job O(job_id) proved - C(ok), C(msg) (why not -
       its unit not active, another main pid than at its proof, a GPU no longer held, no progress past the
       proof's last step within O(stall_s) where its log shows steps, with the proved start's error lines).
-  returned: with O(state=check)
+  returned: with O(operation=check)
   type: dict
 preflight:
   description: The pre-flight's result (C(checks), C(output)), when O(preflight) was given.
-  returned: with state=start and preflight
+  returned: with operation=start and preflight
   type: dict
 preflight_refused:
   description: The pre-flight refused the release; nothing was installed, stopped or started.
@@ -411,13 +411,13 @@ preflight_refused:
   type: bool
 lock_holder:
   description:
-    - Who holds the deploy lock when O(state=start) returns - V(play) (nothing was started - the play releases it),
+    - Who holds the deploy lock when O(operation=start) returns - V(play) (nothing was started - the play releases it),
       V(job) (the job took its lease over and frees it when it ends) or V(unknown) (the job may have started).
-  returned: with O(state=start)
+  returned: with O(operation=start)
   type: str
 install:
   description: What O(install) changed (as M(dflash.trainer.trainer_install) returns it).
-  returned: with state=start and install
+  returned: with operation=start and install
   type: dict
 install_failed:
   description: O(install) failed; nothing was stopped.
@@ -425,22 +425,22 @@ install_failed:
   type: bool
 started:
   description: The job was started (from here on the deploy lock is the job's).
-  returned: with state=start
+  returned: with operation=start
   type: bool
 not_started:
   description:
     - The task failed before the job was started - nothing was stopped, the lock is still the play's. Any other
-      failure of O(state=start) (a lost connection included) may have started the job; it then goes on and
+      failure of O(operation=start) (a lost connection included) may have started the job; it then goes on and
       releases the lock when it ends.
   returned: on such a failure
   type: bool
 reasons:
   description: Why the trainer restarts - O(reasons) and the files O(install) changed.
-  returned: with state=start
+  returned: with operation=start
   type: list
   elements: str
 finished:
-  description: Whether the job has finished (O(state=wait)).
+  description: Whether the job has finished (O(operation=wait)).
   returned: always
   type: bool
 phase:
@@ -448,17 +448,17 @@ phase:
   returned: always
   type: str
 timeline:
-  description: The job's phases so far, each C([phase, seconds since the job began]) (O(state=wait)).
-  returned: with state=wait
+  description: The job's phases so far, each C([phase, seconds since the job began]) (O(operation=wait)).
+  returned: with operation=wait
   type: list
   elements: list
 waiting:
   description: What the job's phase still waits for (GPUs held so far, the step reached, the proof's hold), or empty.
-  returned: with state=wait
+  returned: with operation=wait
   type: str
 attempts:
   description: How many watch calls the task made (O(watch_calls)).
-  returned: with state=wait and watch_calls
+  returned: with operation=wait and watch_calls
   type: int
 result:
   description: The job's result, also kept in its state file (its keys are declared in module_utils/job/result.py).
@@ -579,7 +579,7 @@ result:
       returned: when it could not be written
       type: str
     stopped:
-      description: What a deliberate stop (O(state=stop)) stopped - running, release, main_pid, invocation_id,
+      description: What a deliberate stop (O(operation=stop)) stopped - running, release, main_pid, invocation_id,
         started_at, seconds_up, step, tok_s (this start's last progress), state_before - by whom (by) and when (at,
         at_words), gpus_mib after the drain, enabled (the unit starts again at the container's boot), disabled;
         status reads it as stopped on purpose.
@@ -608,15 +608,15 @@ def report(module, ok, fields):
 def run_foreground(module):
     for name in ("unit", "root", "log_path"):
         if not module.params[name]:
-            module.fail_json(msg="%s is required with state=run" % name)
+            module.fail_json(msg="%s is required with operation=run" % name)
     run_job(module, module.params)
 
 
 def preflight_only(module):
-    """O(state=preflight): the pre-flight of O(preflight) alone, nothing installed, stopped or started."""
+    """O(operation=preflight): the pre-flight of O(preflight) alone, nothing installed, stopped or started."""
     p = module.params
     if not p["preflight"]:
-        module.fail_json(msg="state=preflight needs preflight")
+        module.fail_json(msg="operation=preflight needs preflight")
     try:
         fields = before_start(p, module.get_bin_path, ModuleRunner(module), module.get_bin_path("systemctl", required=True),
                               install=False)
@@ -626,9 +626,9 @@ def preflight_only(module):
 
 
 def group_member(module):
-    """O(state=check) and O(state=good): a trainer group's member, after its own job proved it."""
+    """O(operation=check) and O(operation=good): a trainer group's member, after its own job proved it."""
     p, systemctl = module.params, module.get_bin_path("systemctl", required=True)
-    if p["state"] == "check":
+    if p["operation"] == "check":
         module.exit_json(changed=False, still=check_member(p, systemctl, locate(p["nvidia_smi"], module.get_bin_path)
                                                            or p["nvidia_smi"]))
     try:
@@ -646,18 +646,18 @@ def main():
     except ValueError as exc:  # before anything is started: the lock is still the play's
         module.fail_json(msg=str(exc), not_started=True, lock_holder="play")
     if module.params["wait_s"] is None:
-        module.params["wait_s"] = 30 if module.params["state"] == "wait" else 0
-    if module.params["state"] == "wait":
+        module.params["wait_s"] = 30 if module.params["operation"] == "wait" else 0
+    if module.params["operation"] == "wait":
         report(module, *wait_for_job(module.params))
     if module.check_mode:
         module.exit_json(changed=True, finished=True, phase="check mode", result={},
                          msg="check mode: the trainer would be %s" % (
-                             "stopped" if module.params["state"] == "stop" else "restarted"))
-    if module.params["state"] == "preflight":
+                             "stopped" if module.params["operation"] == "stop" else "restarted"))
+    if module.params["operation"] == "preflight":
         preflight_only(module)
-    if module.params["state"] in ("check", "good"):
+    if module.params["operation"] in ("check", "good"):
         group_member(module)
-    if module.params["state"] in ("start", "stop"):
+    if module.params["operation"] in ("start", "stop"):
         report(module, *start_job(module, module.params, ModuleRunner(module)))
     run_foreground(module)
 

@@ -19,7 +19,7 @@ description:
     invocation.
   - RV(drift) is V(true) when the running release differs from C(current).
   - It takes no lock and changes nothing; the first read of a locked entry point, which takes the lock and
-    makes the run's plan, is M(dflash.trainer.trainer_begin).
+    makes the run's plan, is M(dflash.trainer.trainer_plan).
 options:
   unit:
     description: The trainer's systemd unit.
@@ -151,7 +151,7 @@ health:
       proved 5 min ago (unit restarts 0)) or C(died 3 min after its proof - torch.OutOfMemoryError ... (unit
       restarts 1); running again, not proved since) - with V(died) (the ledger's record of a death after the
       proof - after_s, reason, exit, count - or null), V(release), V(proved_at) and V(seconds_since_proof).
-    - A trainer stopped on purpose (O(dflash.trainer.trainer_restart#module:state=stop), with O(job_state_path)) and not
+    - A trainer stopped on purpose (O(dflash.trainer.trainer_restart#module:operation=stop), with O(job_state_path)) and not
       started since reads C(stopped on purpose by ... at ...), with V(stopped) (what the stop recorded - by,
       at_words, release, main_pid, ...); V(ok) stays V(false) (it does not run).
     - Healthy - it runs, the release's newest ledger entry is C(proved), it did not die since, and this start

@@ -89,7 +89,7 @@ def strays(name, members, own_groups):
 
 
 def group_plan(name, members, plans, in_run):
-    """The group's plan from every member's own (``plans``: member -> trainer_begin's plan) ->
+    """The group's plan from every member's own (``plans``: member -> trainer_plan's plan) ->
     dict(name, members, restart, reasons (member -> its reasons), release, rollback_release, refused,
     no_op, upload (members that need the release sent)).
 
@@ -160,7 +160,7 @@ def verdict(members, jobs, checks=None):
     """Whether the group's restart was proved: every member's job ended proved (``jobs``: member ->
     the job's outcome as trainer_restart returned it) and, once all had, every member still ran what its
     job proved when all were looked at again at one moment (``checks``: member -> trainer_restart
-    state=check's result; None: not judged) -> dict(ok, words, failed)."""
+    operation=check's result; None: not judged) -> dict(ok, words, failed)."""
     failed = []
     for m in members:
         job = jobs.get(m) or {}

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from ansible_collections.dflash.trainer.plugins.module_utils.job.start import JOB_OPTIONS
 
-# what only a start does: a deliberate stop (state=stop) has nothing to pre-flight or enable, so the
+# what only a start does: a deliberate stop (operation=stop) has nothing to pre-flight or enable, so the
 # job's pre-flight settings (whose release is a start's) are not passed to it
 START_ONLY = ("preflight", "enable")
 
@@ -30,6 +30,6 @@ def with_job(args):
     if unknown:
         raise ValueError("job: %s %s no setting of the restart job (its settings: %s)" % (
             ", ".join(unknown), "is" if len(unknown) == 1 else "are", ", ".join(sorted(JOB_OPTIONS))))
-    if args.get("state") == "stop":
+    if args.get("operation") == "stop":
         job = {k: v for k, v in job.items() if k not in START_ONLY}
     return dict(job, **args)

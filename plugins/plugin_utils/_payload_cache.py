@@ -7,7 +7,7 @@ Before a task runs one of this collection's modules, Ansible builds its payload:
 module and every module_util it imports, file by file, to find what to ship, and zips them. It keeps
 the result in ``ansiballz_cache`` under its local tmp of *this* run, which it removes when
 ansible-playbook exits: every run builds every module again. For the first read of a deploy
-(trainer_begin, about 36 files) that build is about a third of the task, and it is the same bytes in
+(trainer_plan, about 36 files) that build is about a third of the task, and it is the same bytes in
 every run until the collection, ansible-core or Python changes. No well-kept library keeps it for a
 collection (Mitogen keeps modules between tasks, but replaces Ansible's execution model): this file
 does, in the fewest moves.

@@ -5,7 +5,7 @@
 
 The job keeps its timeline ([phase, seconds since it began], ...) and what its phase still waits
 for (the GPUs held so far, the step reached, the proof's hold) in its state file; each watch call
-(``trainer_restart`` O(state=wait) with O(seen)) comes back as soon as a phase more has begun, or
+(``trainer_restart`` O(operation=wait) with O(seen)) comes back as soon as a phase more has begun, or
 after its wait. ``lines`` turns what one call returned into the lines not said yet: one per new
 phase, with when it began, and what the phase waits for each time that changes - instead of
 Ansible's "FAILED - RETRYING" of an until loop, which says nothing of what happens.
@@ -51,8 +51,8 @@ def lines(result, seen, said, now, said_at):
 
 
 def say_start(display, host, result):
-    """The phases of a job that a start call watched (``result``: trainer_restart O(state=start), or
-    trainer_begin's ``job_start``), said as the watch says them; the watch task goes on from there
+    """The phases of a job that a start call watched (``result``: trainer_restart O(operation=start), or
+    trainer_plan's ``job_start``), said as the watch says them; the watch task goes on from there
     (O(seen): the length of that timeline)."""
     if isinstance(result, dict) and result.get("started"):
         for line in lines(result, 0, "", 0.0, None)[0]:

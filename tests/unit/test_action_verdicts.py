@@ -52,18 +52,18 @@ def test_the_watch_of_a_job_that_ended_within_its_start_makes_no_call(tmp_path):
     begun = {"started": True, "finished": True, "job_id": "j1", "reasons": ["restart requested"], "failed": True,
              "msg": "the proof failed: died", "result": {"ok": False}}
     rc, res = adhoc(tmp_path, "dflash.trainer.trainer_restart",
-                    dict(state="wait", begun=begun, unit="u", state_path=str(tmp_path / "none.json"), watch_calls=3))
+                    dict(operation="wait", begun=begun, unit="u", state_path=str(tmp_path / "none.json"), watch_calls=3))
     assert rc == 0 and res["ok"] is False and res["fail_msg"] == "the proof failed: died", res
     assert "invocation" not in res  # nothing ran on the target
     proved = dict(begun, failed=False, msg=None, result={"ok": True, "proof": {"release": "r1"}})
     rc, res = adhoc(tmp_path, "dflash.trainer.trainer_restart",
-                    dict(state="wait", begun=proved, unit="u", state_path=str(tmp_path / "none.json"), watch_calls=3))
+                    dict(operation="wait", begun=proved, unit="u", state_path=str(tmp_path / "none.json"), watch_calls=3))
     assert rc == 0 and res["ok"] is True and res["words"][0].startswith("u ready: release r1,"), res
 
 
 def test_a_call_that_started_nothing_fails_the_watch_with_its_reason(tmp_path):
     begun = {"failed": True, "not_started": True, "lock_holder": "play", "msg": "refused: one restart at a time"}
     rc, res = adhoc(tmp_path, "dflash.trainer.trainer_restart",
-                    dict(state="wait", begun=begun, state_path=str(tmp_path / "none.json"), watch_calls=3))
+                    dict(operation="wait", begun=begun, state_path=str(tmp_path / "none.json"), watch_calls=3))
     assert rc != 0 and res["msg"] == "refused: one restart at a time" and res["not_started"] is True, res
     assert res["lock_holder"] == "play"

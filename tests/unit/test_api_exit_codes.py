@@ -22,9 +22,9 @@ def events(name):
 
 
 def current(name, host="gpu-host"):
-    """What current pointed at when the run began (its plan, as trainer_begin returned it)."""
+    """What current pointed at when the run began (its plan, as trainer_plan returned it)."""
     return [e["event_data"]["res"]["plan"]["current"] for e in events(name)
-            if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_begin" and
+            if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_plan" and
             e["event"] == "runner_on_ok" and e["event_data"].get("host") == host][0]
 
 
@@ -52,7 +52,7 @@ CASES = [  # (fixture, ansible-runner's rc and status for it, the exit code)
     ("status_two_hosts_one_unhealthy", 2, "failed", 1),  # one trainer not running
     ("deploy_timeout_no_recap", 254, "timeout", 1),  # stopped by the runner's timeout in the middle
     ("deploy_preflight_refused", 2, "failed", 2),  # trainer_restart: not_started, preflight_refused
-    ("deploy_lock_held", 2, "failed", 2),  # trainer_begin: lock_refused
+    ("deploy_lock_held", 2, "failed", 2),  # trainer_plan: lock_refused
     ("deploy_bad_input", 2, "failed", 2),  # trainer_validate failed
     ("status_two_hosts_one_unreachable", 4, "failed", 3),
 ]

@@ -21,13 +21,13 @@ def events(name):
 
 
 def plan(name, host="gpu-host"):
-    """The run's plan as trainer_begin returned it: the fixture's own word for the release the run brings."""
+    """The run's plan as trainer_plan returned it: the fixture's own word for the release the run brings."""
     for e in events(name):
         d = e["event_data"]
         if e["event"] == "runner_on_ok" and d.get("host") == host and \
-                d.get("resolved_action") == "dflash.trainer.trainer_begin":
+                d.get("resolved_action") == "dflash.trainer.trainer_plan":
             return d["res"]["plan"]
-    raise AssertionError("%s: no trainer_begin result for %s" % (name, host))
+    raise AssertionError("%s: no trainer_plan result for %s" % (name, host))
 
 
 # the releases of the recorded runs (record.py): the stand-in trainer, a second release of it, one whose
@@ -362,7 +362,7 @@ def test_restart_job_result_rolled_back():
 def _begin_event(res, host="gpu-host"):
     return {"event": "runner_on_ok", "event_data": {
         "host": host, "task": "Take the deploy lock, read the trainer's state and the GPUs, and plan the run",
-        "resolved_action": "dflash.trainer.trainer_begin", "res": res}}
+        "resolved_action": "dflash.trainer.trainer_plan", "res": res}}
 
 
 @pytest.mark.parametrize("no_op", [True, False])

@@ -144,8 +144,8 @@ RESTART = "dflash.trainer.trainer_restart"
 
 
 def test_the_restart_jobs_outcome_is_read_from_the_call_that_saw_it_end():
-    """Sections 4-6 read what the role runs: the restart job (trainer_restart state=start, then
-    state=wait until it ends) - its result is that of the last call that saw the job finished."""
+    """Sections 4-6 read what the role runs: the restart job (trainer_restart operation=start, then
+    operation=wait until it ends) - its result is that of the last call that saw the job finished."""
     failed = {"ok": False, "msg": "ModuleNotFoundError: No module named 'torch'", "rolled_back": True,
               "outcome": "Rolled back: the last good release a1 runs again", "failed_phase": "proving",
               "failure_details": {"invocation_id": "inv-bad", "unit": {"InvocationID": "inv-bad"}}}

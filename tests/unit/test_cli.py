@@ -126,7 +126,7 @@ def test_summary_block_per_host():
     result.inventory, result.inventory_from = ["/srv/inv.yml"], "given (-i)"
     result.config = "/srv/ansible.cfg"
     plan = [e["event_data"]["res"]["plan"] for e in events("deploy_restarted_proved")
-            if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_begin"][0]
+            if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_plan"][0]
     new, old = plan["release"], plan["current"]  # the recorded run's releases
     lines = progress.summary(result).splitlines()
     assert lines[0] == "summary: deploy, 64 s; inventory /srv/inv.yml (given (-i)); Ansible configuration /srv/ansible.cfg"

@@ -42,7 +42,7 @@ PKG = "ansible_collections.dflash.trainer.plugins"
 # DEFAULT_* constants of module_utils that are no role variable's default (why).
 NOT_ROLE_DEFAULTS = {
     "proof.log_tail.DEFAULT_MAX_BYTES": "how much of a log one tail read takes; no role variable",
-    "plan.decide.DEFAULT_JOB_WAIT_S": "how long a standalone trainer_begin (no settings) waits for a running job; the "
+    "plan.decide.DEFAULT_JOB_WAIT_S": "how long a standalone trainer_plan (no settings) waits for a running job; the "
                                       "role's is the job's budget from its settings",
     "proof.preflight.DEFAULT_PROPERTIES": "systemd's own defaults of unit properties",
     "release.archive.DEFAULT_COMPRESSLEVEL": "gzip level of the release archive; no role variable",

@@ -349,7 +349,7 @@ def test_a_false_call_claim_fails(doc_text, problem):
     assert any(problem in p for p in found), found
     assert call_claim_problems("`trainer_extra` is a standalone module for playbooks outside the role "
                                "(the role calls none of them; it calls `trainer_install` once). It runs "
-                               "`trainer_restart state=stop`.", role_calls(), modules) == []
+                               "`trainer_restart operation=stop`.", role_calls(), modules) == []
 
 
 # -- the number of remote calls (the lab counts them: tests/lab/test_round_trips.py) -----------------

@@ -1,6 +1,6 @@
 """The restart job's settings are written once (roles/trainer/vars/main.yml: __trainer_job_args): the first
-read's `job` (trainer_begin starts a restart of what is on the target in its own call) and the call that
-starts the job after an upload (run.yml) pass the same values, and trainer_begin checks them
+read's `job` (trainer_plan starts a restart of what is on the target in its own call) and the call that
+starts the job after an upload (run.yml) pass the same values, and trainer_plan checks them
 against trainer_restart's own options (module_utils/job/start.py: JOB_OPTIONS); every task that starts a
 restart or stop job passes them whole as trainer_restart's `job` (plugin_utils/_job_spec.py) and names only
 what differs for it."""
@@ -30,7 +30,7 @@ def _restart_tasks():
         with open(os.path.join(ROLE, "tasks", name)) as fh:
             for t in tasks(yaml.safe_load(fh)):
                 args = t.get("dflash.trainer.trainer_restart")
-                if args is not None and args.get("state", "start") in ("start", "stop"):
+                if args is not None and args.get("operation", "start") in ("start", "stop"):
                     found.append((name, args))
     return found
 
@@ -47,7 +47,7 @@ def test_every_call_that_starts_a_job_takes_the_job_settings_whole_and_writes_no
 
 def test_the_first_reads_job_is_the_same_settings():
     with open(os.path.join(ROLE, "tasks", "plan.yml")) as fh:
-        begin = [t["dflash.trainer.trainer_begin"] for t in tasks(yaml.safe_load(fh)) if "dflash.trainer.trainer_begin" in t]
+        begin = [t["dflash.trainer.trainer_plan"] for t in tasks(yaml.safe_load(fh)) if "dflash.trainer.trainer_plan" in t]
     assert [b["job"] for b in begin] == ["{{ __trainer_job_args }}"]
 
 
@@ -63,7 +63,7 @@ def _plan(**kw):
 def test_job_params_take_the_plan_and_the_defaults():
     p = js.job_params({"unit": "t", "preflight": {"command": ["./run.sh"], "unit": "t"}, "lock_token": "tok"},
                       _plan(), "/opt/t", {"install": None, "env_content": "A=1\n", "environment_json": '{"A": "1"}'})
-    assert (p["state"], p["release"], p["reasons"], p["min_tokps_ratio"]) == ("start", "r2", ["forced"], 0.9)
+    assert (p["operation"], p["release"], p["reasons"], p["min_tokps_ratio"]) == ("start", "r2", ["forced"], 0.9)
     assert p["preflight"]["release_dir"] == "/opt/t/releases/r2" and p["preflight"]["timeout_s"] == 60
     assert p["environment_json"] == '{"A": "1"}' and p["env_content"] == "A=1\n"
     assert p["job_id"].startswith("tok-") and len(p["job_id"]) == len("tok-") + 8
@@ -83,7 +83,7 @@ def test_a_wrong_job_setting_starts_nothing_and_says_which(job, words):
 
 
 def test_the_job_settings_are_known_before_the_first_read():
-    """trainer_begin's `job` is templated before the read, the plan and the node's view exist: nothing in it (or
+    """trainer_plan's `job` is templated before the read, the plan and the node's view exist: nothing in it (or
     in the pre-flight settings it names) may read them."""
     with open(os.path.join(ROLE, "vars", "main.yml")) as fh:
         role_vars = yaml.safe_load(fh)
@@ -93,15 +93,15 @@ def test_the_job_settings_are_known_before_the_first_read():
 
 
 def test_a_job_spreads_under_the_tasks_own_options():
-    got = with_job({"state": "start", "job": {"unit": "t", "wait_s": 10, "preflight": {"command": ["x"]}},
+    got = with_job({"operation": "start", "job": {"unit": "t", "wait_s": 10, "preflight": {"command": ["x"]}},
                     "wait_s": 30, "release": "r1"})
-    assert got == {"state": "start", "unit": "t", "wait_s": 30, "preflight": {"command": ["x"]}, "release": "r1"}
-    assert with_job({"state": "wait", "job_id": "j"}) == {"state": "wait", "job_id": "j"}
+    assert got == {"operation": "start", "unit": "t", "wait_s": 30, "preflight": {"command": ["x"]}, "release": "r1"}
+    assert with_job({"operation": "wait", "job_id": "j"}) == {"operation": "wait", "job_id": "j"}
 
 
 def test_a_stop_takes_no_start_only_setting_from_the_job():
-    got = with_job({"state": "stop", "job": {"unit": "t", "preflight": {"command": ["x"]}, "enable": True}})
-    assert got == {"state": "stop", "unit": "t"}
+    got = with_job({"operation": "stop", "job": {"unit": "t", "preflight": {"command": ["x"]}, "enable": True}})
+    assert got == {"operation": "stop", "unit": "t"}
 
 
 @pytest.mark.parametrize("job, words", [
@@ -111,5 +111,5 @@ def test_a_stop_takes_no_start_only_setting_from_the_job():
 ])
 def test_a_job_that_is_not_the_jobs_settings_is_refused_saying_what(job, words):
     with pytest.raises(ValueError) as exc:
-        with_job({"state": "start", "job": job})
+        with_job({"operation": "start", "job": job})
     assert words in str(exc.value)

@@ -4,7 +4,7 @@ directly or through another (the AnsiballZ payload, built for each remote call).
 uses: the restart job's state file is read through job.state, never through the restart job's
 machinery (job.restart -> job.cycle -> proof.readiness, proof.progress_file, ...), the release pointers through
 release.root (which needs nothing of the release's archive or scan), the ledger through release.ledger, and
-what only trainer_begin decides (the lock, what the run may write) is plan.begin's. Each file of state has
+what only trainer_plan decides (the lock, what the run may write) is plan.first_read's. Each file of state has
 one owner: the ledger (release.ledger), the job's state (job.state), current and last_good (release.root).
 bench/payload.py measures each module's payload with Ansible's own builder."""
 import ast
@@ -24,7 +24,7 @@ PREFIX = "ansible_collections.dflash.trainer.plugins.module_utils"
 
 # trainer_status: 24 module_utils files (7827 lines) when it read the job's state through
 # job.restart; 19 (5374 lines) with the lock and ownership helpers in plan.status and release.scan /
-# proof.preflight shipped for two constants; 17 (about 3500 lines) since plan.begin, release.ledger, target.marks and a
+# proof.preflight shipped for two constants; 17 (about 3500 lines) since plan.first_read, release.ledger, target.marks and a
 # release.root of its own; about 3800 with what the read itself must judge: the time bound on the user's
 # regexes over this start's log (proof.trainer_log), nvidia-smi's exit codes by name and the device nodes CUDA
 # opens (target.nvidia_smi) - the status read is also the deploy's first read, before anything is stopped; about
@@ -35,7 +35,7 @@ STATUS_MAX_LINES = 4100
 # the restart's machinery, the lock, the ownership judges, the release's archive: the status read
 # never needs them
 NOT_IN_STATUS = {"job.cycle", "proof.readiness", "job.restart", "job.steps", "proof.progress_file", "job.result",
-                 "proof.preflight", "plan.begin", "job.lock", "target.ownership", "target.inductor_cache", "release.scan",
+                 "proof.preflight", "plan.first_read", "job.lock", "target.ownership", "target.inductor_cache", "release.scan",
                  "release.archive", "release.extract", "release.install", "release.states"}
 
 
@@ -122,18 +122,18 @@ def test_the_status_read_returns_no_lock():
     doc = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
                and any(getattr(t, "id", None) == "RETURN" for t in node.targets))
     assert not [key for key in yaml.safe_load(doc) if "lock" in key]
-    assert "job.lock" not in closure("trainer_status") and "job.lock" in closure("trainer_begin")
+    assert "job.lock" not in closure("trainer_status") and "job.lock" in closure("trainer_plan")
 
 
 def test_the_job_state_file_has_one_owner():
     """Readers and the writer of restart.json meet in job.state, which needs nothing of the cycle,
     and every judge of whether a job ended asks its job_end."""
     assert closure_of(os.path.join(UTILS, "job/state.py")) <= {"target.private_file"}
-    assert "job.state" in imported_utils(os.path.join(MODULES, "trainer_begin.py"))
+    assert "job.state" in imported_utils(os.path.join(MODULES, "trainer_plan.py"))
     assert "job.state" in imported_utils(os.path.join(UTILS, "job/start.py"))  # trainer_restart's and begin's start
     assert "job.state" in imported_utils(os.path.join(UTILS, "plan/status_read.py"))  # trainer_status's read
     assert "job.state" in imported_utils(os.path.join(UTILS, "plan/status.py"))
-    for name in ("plan.begin", "job.steps", "plan.status"):  # job_over, job_ended, stopped_on_purpose
+    for name in ("plan.first_read", "job.steps", "plan.status"):  # job_over, job_ended, stopped_on_purpose
         assert "job_end" in names_from(util_path(name), "job.state"), name
     for path in python_files():  # nobody imports the job state's names from elsewhere (no re-export)
         for util in ("job.restart", "plan.status", "job.cycle", "job.steps", "job.start"):

@@ -263,7 +263,7 @@ def test_the_steps_without_settings_are_booleans_too():
 
 
 def test_the_first_reads_report():
-    from ansible_collections.dflash.trainer.plugins.module_utils.plan.begin import read_report
+    from ansible_collections.dflash.trainer.plugins.module_utils.plan.first_read import read_report
     read = dict(proved(), main_pid=42, seconds_since_start=7)
     no_op = make_plan({"entry": "deploy", "release": "r1"}, read, NO_CHANGE, settings=SETTINGS)
     assert read_report("deploy", no_op, read, "t") == ["t left running: release r1 unchanged, pid 42, up 7 s"]

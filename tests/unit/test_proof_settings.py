@@ -65,7 +65,7 @@ def test_every_setting_has_a_role_default_equal_to_the_judges_and_a_typed_spec_e
 
 def test_the_role_passes_every_setting_in_one_dict_and_none_on_its_own():
     calls = restart_calls()
-    proving = [(f, a) for f, a in calls if a.get("state", "start") == "start"]
+    proving = [(f, a) for f, a in calls if a.get("operation", "start") == "start"]
     assert {f for f, _a in proving} == {"run.yml", "group_job.yml"}, calls
     job = load("vars", "main.yml")["__trainer_job_args"]
     for f, args in proving:  # the job's settings carry the proof's, or the call names its own
@@ -116,7 +116,7 @@ def run_module(args, capsys):
 
 
 def test_trainer_restart_refuses_an_unknown_proof_setting_before_anything(capsys, tmp_path):
-    out = run_module({"state": "start", "job_id": "j", "state_path": str(tmp_path / "s.json"),
+    out = run_module({"operation": "start", "job_id": "j", "state_path": str(tmp_path / "s.json"),
                       "proof": {"hold_s": 10, "hold": 3}}, capsys)
     assert out["failed"] and out["msg"].startswith("proof: unknown setting 'hold'") and out["not_started"]
     assert not (tmp_path / "s.json").exists()

@@ -328,5 +328,5 @@ def test_a_group_member_records_nothing_proved_and_its_rollback_puts_the_configu
     job = RestartJob(FakeSteps(), layout, rollback=False, mark_good=False, restore_config=True, config=Config())
     result = job.run()
     assert result["ok"] and restored == ["old"]
-    assert layout.entries == [] and ("good", "old") not in layout.events  # the group's check decides (state=good)
+    assert layout.entries == [] and ("good", "old") not in layout.events  # the group's check decides (operation=good)
     assert "with the configuration it was proved with (environment file restored)" in result["outcome"]

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def params(tmp_path, **over):
-    p = dict(state="run", job_id="j1", state_path=str(tmp_path / "state" / "restart.json"), wait_s=30,
+    p = dict(operation="run", job_id="j1", state_path=str(tmp_path / "state" / "restart.json"), wait_s=30,
              unit="dflash-trainer", root=str(tmp_path / "root"), log_path=str(tmp_path / "trainer.log"),
              purge_dir="", gpus=[0, 1], drain_max_mib=1024, gpu_foreign_mib={}, drain_timeout_s=60,
              stop_timeout_s=30, min_mib=1024, ready_regex=DEFAULT_READY_REGEX, step_regex=DEFAULT_STEP_REGEX,

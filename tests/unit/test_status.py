@@ -1,5 +1,5 @@
-"""trainer_status's decisions and data shaping (module_utils/plan/status.py), and trainer_begin's own
-(module_utils/plan/begin.py: what the run may write, the lock): pure functions of the facts the module
+"""trainer_status's decisions and data shaping (module_utils/plan/status.py), and trainer_plan's own
+(module_utils/plan/first_read.py: what the run may write, the lock): pure functions of the facts the module
 gathers, driven here with plain data, fake /proc trees and a fake clock."""
 import os
 
@@ -7,7 +7,7 @@ import pytest
 
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import make_plan
 
-from ansible_collections.dflash.trainer.plugins.module_utils.plan import begin as b
+from ansible_collections.dflash.trainer.plugins.module_utils.plan import first_read as b
 from ansible_collections.dflash.trainer.plugins.module_utils.job import state as js
 from ansible_collections.dflash.trainer.plugins.module_utils.release import root as rr
 from ansible_collections.dflash.trainer.plugins.module_utils.plan import status as s

@@ -1,4 +1,4 @@
-"""The deliberate stop (trainer_restart state=stop, module_utils/job/stop.py): what it stops and says,
+"""The deliberate stop (trainer_restart operation=stop, module_utils/job/stop.py): what it stops and says,
 what it records, how status reads it (plan.status.stopped_on_purpose, proof.throughput.health), and the
 metrics file's directory that must exist (target.ownership.missing_dir_problem)."""
 import json

@@ -92,10 +92,10 @@ def test_validate_words_its_problems_with_the_same_objects():
 
 
 def test_the_target_checks_are_imported_from_their_owner():
-    """The controller's callers import them from plan.target_checks, as trainer_begin does; _validate does not
+    """The controller's callers import them from plan.target_checks, as trainer_plan does; _validate does not
     pass them on."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(SOURCE))))
-    for path in ("plugins/action/trainer_validate.py", "plugins/modules/trainer_begin.py"):
+    for path in ("plugins/action/trainer_validate.py", "plugins/modules/trainer_plan.py"):
         with open(os.path.join(root, path)) as fh:
             tree = ast.parse(fh.read(), path)
         owners = {a.name: node.module.rsplit(".", 1)[-1] for node in ast.walk(tree)

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The group's check of one member (``trainer_restart`` state=check): once every member's own job has
+"""The group's check of one member (``trainer_restart`` operation=check): once every member's own job has
 proved it, each member is looked at again at one moment - one task on every member at once - and the
 group is proved only when every member still runs what its job proved: the unit active, the same start
 (main pid, invocation) as at its proof, its GPUs still held and, where its log shows steps, progress past

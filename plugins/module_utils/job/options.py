@@ -29,7 +29,7 @@ def with_proof(params):
 
 
 RESTART_OPTIONS = dict(
-    state=dict(type="str", choices=["start", "run", "wait", "stop", "preflight", "check", "good"], default="start"),
+    operation=dict(type="str", choices=["start", "run", "wait", "stop", "preflight", "check", "good"], default="start"),
     job_id=dict(type="str"),
     begun=dict(type="dict"),
     kind=dict(type="str", choices=["restart", "stop"], default="restart"),

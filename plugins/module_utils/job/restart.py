@@ -6,7 +6,7 @@
 Once the trainer is stopped, nothing may depend on the controller staying connected: a lost
 ssh link or a killed ansible-playbook makes Ansible skip ``rescue`` and ``always``, which used to
 strand a stopped trainer and a held lock. So the role starts this job (``trainer_restart``
-state=start, detached in the container: a new session, no standard streams) and only watches it. The job
+operation=start, detached in the container: a new session, no standard streams) and only watches it. The job
 
   switch current to the release -> stop -> drain -> purge -> start -> prove -> mark good
   on failure: current back to the last good release -> stop -> drain -> purge -> start -> re-prove
@@ -197,7 +197,7 @@ class RestartJob(object):
                     self._keep_config(release)
                 if self.warnings:
                     result["warnings"] = list(self.warnings)
-            if self.marks_good:  # a group's member: recorded once the group's check has passed (state=good)
+            if self.marks_good:  # a group's member: recorded once the group's check has passed (operation=good)
                 self._record(result, [entry(release, PROVED, figures, self.source, now=self.clock(), config=config_id)])
             result.update(ok=True, proof=proof, outcome="ready: release %s proved%s (pid %s, step %s, %s tok/s)%s" % (
                 release, self._config_said(restored), proof.get("main_pid"), proof.get("step"), proof.get("tok_s"),

@@ -129,7 +129,7 @@ FIELDS = (
            "Why the release ledger could not be written (the verdict stands).",
            "when it could not be written"),
     _field("stopped", "dict",
-           "What a deliberate stop (O(state=stop)) stopped - running, release, main_pid, invocation_id, started_at, "
+           "What a deliberate stop (O(operation=stop)) stopped - running, release, main_pid, invocation_id, started_at, "
            "seconds_up, step, tok_s (this start's last progress), state_before - by whom (by) and when (at, "
            "at_words), gpus_mib after the drain, enabled (the unit starts again at the container's boot), disabled; "
            "status reads it as stopped on purpose.",

@@ -2,12 +2,12 @@
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Starting a job of the restart job's kind from a module - the one path of ``trainer_restart``
-(O(state=start), O(state=stop)) and of ``trainer_begin`` (a plan that restarts what is already on
+(O(operation=start), O(operation=stop)) and of ``trainer_plan`` (a plan that restarts what is already on
 the target starts its job in the same call as the read: one remote call).
 
 ``start_job`` checks that no other job runs, pre-flights and installs (``job.steps.before_start``),
 detaches the job, waits until it has recorded itself and watches it for ``p["wait_s"]`` ->
-(ok, fields): the fields trainer_restart O(state=start) returns, ``not_started`` and ``lock_holder``
+(ok, fields): the fields trainer_restart O(operation=start) returns, ``not_started`` and ``lock_holder``
 among them. ``job_params`` makes the job's parameters from a plan and the role's ``job`` settings
 (``JOB_OPTIONS``: trainer_restart's options less the ones the plan decides), checked with Ansible's own
 argument-spec validator.
@@ -44,8 +44,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import WAI
 # reaches the controller within this of the job writing it
 JOB_POLL_S = 0.02
 
-# what the plan decides (trainer_begin sets them from it) or what is a secret (a top-level option of its own)
-PLANNED = ("state", "release", "reasons", "min_tokps_ratio", "install", "env_content", "environment_json")
+# what the plan decides (trainer_plan sets them from it) or what is a secret (a top-level option of its own)
+PLANNED = ("operation", "release", "reasons", "min_tokps_ratio", "install", "env_content", "environment_json")
 
 
 def _job_options():
@@ -62,14 +62,14 @@ JOB_OPTIONS = _job_options()
 
 
 def job_params(job, plan, root, top):
-    """The restart job's parameters (trainer_restart's, O(state=start)) for ``plan``: ``job`` (the role's
+    """The restart job's parameters (trainer_restart's, O(operation=start)) for ``plan``: ``job`` (the role's
     settings, JOB_OPTIONS) checked and completed with their defaults, the plan's release, reasons, throughput
     gate and pre-flight (of the plan's release, when the plan says so) and from ``top`` the install and the
     secrets -> params; ValueError saying what is wrong."""
     checked = ArgumentSpecValidator(JOB_OPTIONS).validate(job)
     if checked.error_messages:
         raise ValueError("job: %s" % "; ".join(checked.error_messages))
-    p = dict(checked.validated_parameters, state="start", release=plan["release"], reasons=list(plan["reasons"]),
+    p = dict(checked.validated_parameters, operation="start", release=plan["release"], reasons=list(plan["reasons"]),
              min_tokps_ratio=plan.get("min_tokps_ratio") or 0, install=top.get("install"),
              env_content=top.get("env_content"), environment_json=top.get("environment_json") or "{}")
     if plan.get("preflight") and p.get("preflight"):
@@ -94,14 +94,14 @@ def start_planned(module, plan, job, root, top, runner):
 
 
 def run_job(module, p):
-    """The detached job's body (or trainer_restart O(state=run)): the restart, or the deliberate stop, to
+    """The detached job's body (or trainer_restart O(operation=run)): the restart, or the deliberate stop, to
     its outcome, which ends the module (exit_json / fail_json)."""
     systemctl = module.get_bin_path("systemctl", required=True)
     nvidia_smi = locate(p["nvidia_smi"], module.get_bin_path)
     if nvidia_smi is None:
         module.fail_json(msg="nvidia-smi (%s) not found on the target" % p["nvidia_smi"])
     os.umask(0o077)  # the state file, the ledger and their temporary files: 0600 (log tails are kept there)
-    ok, fields = summary((run_stop if p["state"] == "stop" else run_restart)(p, systemctl, nvidia_smi))
+    ok, fields = summary((run_stop if p["operation"] == "stop" else run_restart)(p, systemctl, nvidia_smi))
     if ok:
         module.exit_json(**fields)
     module.fail_json(**fields)
@@ -124,9 +124,9 @@ def start_job(module, p, runner):
     if why:
         return refused(msg="trainer_progress_path: %s; nothing was changed" % why)
     systemctl = module.get_bin_path("systemctl", required=True)
-    try:  # a deliberate stop (state=stop) has nothing to pre-flight, install or enable
-        before = {} if p["state"] == "stop" else before_start(p, module.get_bin_path, runner, systemctl)
-        if p["enable"] and p["state"] == "start":  # a stop with disable=true disabled it
+    try:  # a deliberate stop (operation=stop) has nothing to pre-flight, install or enable
+        before = {} if p["operation"] == "stop" else before_start(p, module.get_bin_path, runner, systemctl)
+        if p["enable"] and p["operation"] == "start":  # a stop with disable=true disabled it
             before["enabled_unit"] = enable_unit(runner, systemctl, p["unit"])
     except Refused as exc:  # the old trainer runs on, untouched
         return refused(preflight_refused=True, **exc.result)
@@ -149,7 +149,7 @@ def start_job(module, p, runner):
 
 
 def wait_for_job(p, clock=time.monotonic, sleep=time.sleep):
-    """Watch the job ``p["job_id"]`` for ``p["wait_s"]`` -> (ok, fields) of O(state=wait); with
+    """Watch the job ``p["job_id"]`` for ``p["wait_s"]`` -> (ok, fields) of O(operation=wait); with
     ``p["seen"]`` (the phases the watcher has shown), back as soon as a phase more has begun."""
     out = poll_until(lambda: observe_job(p["state_path"], alive=job_alive),
                      new_phase(job_ended(p["job_id"]), p.get("seen")), p["wait_s"], JOB_POLL_S, clock=clock,

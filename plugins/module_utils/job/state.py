@@ -5,7 +5,7 @@
 
 The restart job (``job.steps``) writes its phase and, at the end, its outcome here; every
 reader - the job's own watch (``trainer_restart``), the status read and the lock's wait for an
-earlier play's job (``trainer_begin``) - reads it through these functions, and every judge of
+earlier play's job (``trainer_plan``) - reads it through these functions, and every judge of
 whether a job ended asks ``job_end``. Small on purpose, with
 no import of the cycle: the status read ships this, not the restart's machinery.
 """

@@ -273,7 +273,7 @@ def run_under_lease(p, record, secrets, pid, what, make_job, release_lock=releas
 
 
 def mark_proved(p, systemctl):
-    """After the group's check (trainer_restart O(state=good)): the release this member's job ``p["job_id"]``
+    """After the group's check (trainer_restart O(operation=good)): the release this member's job ``p["job_id"]``
     proved becomes its last good one, the configuration in place is kept beside it and the ledger records it
     proved, dated by that job's end -> dict(release, previous). Raises StepFailed when that job did not prove a
     release."""
@@ -398,7 +398,7 @@ def job_ended(job_id):
 
 
 def wait_report(out, state_path):
-    """What state=wait returns for the waiter's outcome ``out`` of ``job_ended`` -> (ok, fields), with
+    """What operation=wait returns for the waiter's outcome ``out`` of ``job_ended`` -> (ok, fields), with
     the job's timeline ([phase, seconds since it began], ...) and what its phase waits for, for the
     watcher's lines."""
     state = (out.snapshot or (None, None))[0] or {}

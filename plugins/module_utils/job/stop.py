@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The deliberate stop: ``trainer_restart state=stop``, run as a job on the target like a restart.
+"""The deliberate stop: ``trainer_restart operation=stop``, run as a job on the target like a restart.
 
 An operator who stops the trainer on purpose gets the same guarantees as a restart: under the
 deploy lock (the job takes the play's lease over, renews it, checks it is still its own before it

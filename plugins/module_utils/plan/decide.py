@@ -5,7 +5,7 @@
 
 ``make_plan`` is the only place where a run decides whether the trainer restarts, why, on which
 release, and whether anything is uploaded, pre-flighted or installed. The first read of every
-locked entry point (trainer_begin) computes it on the target from what it read; the role only
+locked entry point (trainer_plan) computes it on the target from what it read; the role only
 carries it out (``when:`` on a plan field) and the restart job does every change a restart makes.
 Pure: a table of what was read in, the plan out (tests/unit/test_plan.py).
 """
@@ -26,7 +26,7 @@ WATCH_SPARE = 2
 STOP_MARGIN_S = 30
 START_MARGIN_S = 120
 END_MARGIN_S = 60
-# Without the settings (a standalone caller of trainer_begin): how long to wait for a running job.
+# Without the settings (a standalone caller of trainer_plan): how long to wait for a running job.
 DEFAULT_JOB_WAIT_S = 1800
 
 
@@ -143,7 +143,7 @@ def steps(plan, install=None, settings=None):
 
     - run_job: a job (restart or stop) runs on the target, watched by the play to its end;
     - start_job: the role starts that job (the first read starts a restart of what is on the target
-      itself and sets it false then: trainer_begin);
+      itself and sets it false then: trainer_plan);
     - node_view_before / node_view_after: the node's view of the GPUs is read before the job's start (its
       foreign memory is the drain's and the pre-flight's) / after a restart (the proof checked against it);
     - watch: a deploy's proved trainer is watched for watch_s;
@@ -151,7 +151,7 @@ def steps(plan, install=None, settings=None):
     - untouched: a deploy that restarts nothing ran past the first read (only the unit's enablement
       changes, or the install refuses): the trainer is left running (the first read's report says so);
       install_unit: the install runs then;
-    - done: nothing is left past the first read (trainer_begin: the restart it started ended proved
+    - done: nothing is left past the first read (trainer_plan: the restart it started ended proved
       within its call, no watch after it)."""
     settings = settings or {}
     check = bool(settings.get("check_mode"))
@@ -241,7 +241,7 @@ def last_ran(results):
 
 
 def restart_done(first_read, watch_s=0):
-    """Whether a deploy has nothing left past its first read after a restart: the first read (trainer_begin's
+    """Whether a deploy has nothing left past its first read after a restart: the first read (trainer_plan's
     result, ``first_read``) started the plan's restart job, the job ended within that call with its proof
     (``job_start``: finished, its result ok; the job freed the lock) and no watch follows the proof
     (``watch_s``: trainer_watch_s). A failed or unfinished job, or a watch, leaves the rest to the role."""

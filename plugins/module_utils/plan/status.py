@@ -9,8 +9,8 @@ them to the pure functions here and reports what they return. The few readers he
 (``release_from_proc``, ``read_log``, ``read_log_chunk``; ``current`` and ``last_good`` are read by
 ``release.root``, the ledger by ``release.ledger``) and judge nothing; the judges of the module's waits
 (``start_ended``, ``log_arrived``) are pure predicates for the one waiter (``job.wait.poll_until``).
-What only trainer_begin decides - what the run may write, the lock and the restart job that may
-hold it - is ``plan.begin``'s: a read-only status ships no lock.
+What only trainer_plan decides - what the run may write, the lock and the restart job that may
+hold it - is ``plan.first_read``'s: a read-only status ships no lock.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def status_health(ledger, status, seconds, now, stopped=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# a deliberate stop (trainer_restart state=stop, job.stop), as status reads it
+# a deliberate stop (trainer_restart operation=stop, job.stop), as status reads it
 
 # the job state's ``kind`` of a deliberate stop (a restart job's state has none)
 STOP_KIND = "stop"

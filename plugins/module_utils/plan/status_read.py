@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The read of the trainer's state that trainer_status (read-only) and trainer_begin (the first read of
+"""The read of the trainer's state that trainer_status (read-only) and trainer_plan (the first read of
 a locked entry point) share: the unit, the running release, this start's log, the releases, the
 health, the last restart job and the GPUs -> the result's fields (secrets not yet masked)."""
 
@@ -77,7 +77,7 @@ def read_status(module, p, run, systemctl):
     if p["trainer_root"]:
         result.update(release_fields(*read_release_marks(p["trainer_root"]), running_release=result["running_release"]))
         ledger = read_ledger(ledger_path(p["trainer_root"]))
-        # a deliberate stop on record (trainer_restart state=stop) that still holds: not running is no failure
+        # a deliberate stop on record (trainer_restart operation=stop) that still holds: not running is no failure
         stopped = stopped_on_purpose(read_state(p["job_state_path"]), props) if p["job_state_path"] else None
         result["health"] = status_health(ledger, result, seconds, time.time(), stopped=stopped)
         # (the environment file is part of the configuration: without O(env_file) it is unknown)

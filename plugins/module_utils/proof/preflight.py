@@ -17,7 +17,7 @@ the release as working directory: ``UnitShell``) a probe of that environment, th
 resolved on its real PATH, the launcher's and the command's interpreters started harmlessly and
 the user's ``trainer_preflight_command`` (bounded, its output's tail kept, secrets masked); then it
 reads the GPUs and the unit's processes for ``gpu_problem`` - for ``trainer_restart``, which
-pre-flights in the same remote call as it starts the job (or alone: state=preflight).
+pre-flights in the same remote call as it starts the job (or alone: operation=preflight).
 ``PREFLIGHT_OPTIONS`` is its argument spec.
 """
 

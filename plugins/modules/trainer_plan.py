@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: trainer_begin
+module: trainer_plan
 short_description: Take the deploy lock, read the trainer's state and make the run's plan, in one call
 version_added: "0.1.0"
 description:
@@ -150,7 +150,7 @@ options:
     type: dict
   job:
     description:
-      - The restart job's settings - the options of M(dflash.trainer.trainer_restart) with C(state=start), less
+      - The restart job's settings - the options of M(dflash.trainer.trainer_restart) with C(operation=start), less
         the ones the plan decides (its release, reasons and throughput gate, whether to pre-flight, and
         C(preflight.release_dir)) and those given here at the top (O(install), O(env_content),
         O(environment_json)). With them, a plan that restarts a release already on the target (no upload)
@@ -178,12 +178,12 @@ author:
 """
 EXAMPLES = r"""
 - name: Take the lock and plan the deploy of a release
-  dflash.trainer.trainer_begin:
+  dflash.trainer.trainer_plan:
     intent: {entry: deploy, release: 0123456789abcdef}
     unit: dflash-trainer
     trainer_root: /opt/dflash-trainer
     lock: {path: /run/dflash-trainer.deploy.lock, token: "{{ token }}"}
-  register: __trainer_begin
+  register: __trainer_first_read
 """
 RETURN = r"""
 plan:
@@ -222,7 +222,7 @@ lock_refused:
 job_start:
   description:
     - The start of the plan's restart job in this call (with O(job), a plan that restarts without an upload) -
-      what M(dflash.trainer.trainer_restart) C(state=start) returns (V(started), V(finished), V(lock_holder),
+      what M(dflash.trainer.trainer_restart) C(operation=start) returns (V(started), V(finished), V(lock_holder),
       V(result) when it ended within its C(wait_s), V(not_started) with the reason when it refused), and
       V(failed).
     - When the job ended within this call, what the role shows of its end (the action's) - V(ok), V(words) (the
@@ -254,7 +254,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.trainer.plugins.module_utils.plan.begin import (
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.first_read import (
     job_over,
     lock_holder_job,
     lock_refusal,

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What trainer_begin (the first read of a locked entry point) decides besides the read it shares with
+"""What trainer_plan (the first read of a locked entry point) decides besides the read it shares with
 trainer_status (``plan.status_read``): what the run may write (O(owned)), judged before the lock is
 taken, and the deploy lock (O(lock)) with the restart job that may hold it. Kept out of ``plan.status``
 so that the read-only status ships neither the lock nor the ownership judges.

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: dflash.trainer maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Controller side of dflash.trainer.trainer_begin (documented in the module): Ansible's own run of the
+"""Controller side of dflash.trainer.trainer_plan (documented in the module): Ansible's own run of the
 module, its payload kept between runs (plugins/plugin_utils/_payload_cache.py)."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ display = Display()
 
 
 class ActionModule(KeptPayload, NormalAction):
-    """dflash.trainer.trainer_begin, run as ansible.builtin.normal runs a module; the phases of a restart job
+    """dflash.trainer.trainer_plan, run as ansible.builtin.normal runs a module; the phases of a restart job
     it started (and watched for its first wait) said as the watch says them, and what the role shows of its end
     when it ended within this call (RV(job_start)'s V(ok), V(words), V(fail_msg): plugin_utils/_watch.py). Its call
     fails at once, naming the freeze, when the container is frozen (the pct connection's frozen_check)."""
