@@ -1,6 +1,7 @@
 """`dflash-trainer doctor`: what playbooks/doctor.yml judged, read from its events and printed one line per
 assumption. Pure (no ansible-runner): the checks themselves are judged in the collection
-(plugins/plugin_utils/_doctor.py); each host's report is the fact `__trainer_doctor` its play set:
+(plugins/plugin_utils/_doctor.py); each host's report is the fact `__trainer_doctor` its play's trainer_doctor
+action returned (its task failed when an assumption does not hold):
 {checks: [{name, mark, detail, remedy}], lines, failed, exit_code, summary}."""
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ _PRECEDENCE = (EXIT_FAILED, EXIT_UNREACHABLE, EXIT_REFUSED)
 
 
 def report_of(event: Mapping[str, Any]) -> Optional[tuple]:
-    """(host, report) when EVENT is the doctor's judgement (a set_fact of FACT), else None."""
-    if not isinstance(event, Mapping) or event.get("event") != "runner_on_ok":
+    """(host, report) when EVENT is the doctor's judgement (a result with the fact FACT: ok when every assumption
+    holds, failed when one does not), else None."""
+    if not isinstance(event, Mapping) or event.get("event") not in ("runner_on_ok", "runner_on_failed"):
         return None
     data = event.get("event_data") or {}
     facts = (data.get("res") or {}).get("ansible_facts") or {}

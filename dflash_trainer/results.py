@@ -91,7 +91,7 @@ _RESULT_EVENTS = {
     "runner_item_on_skipped": "skipped",
 }
 
-# the status of a trainer group as a whole (roles/trainer/tasks/status.yml: the trainer_group filter's status)
+# the status of a trainer group as a whole (roles/trainer/tasks/status.yml: trainer_status's group verdict, plugin_utils/_group.py's as_one)
 GROUP_STATUS_FACT = "__trainer_group_status"
 
 

@@ -8,12 +8,25 @@ from __future__ import annotations
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action.normal import ActionModule as NormalAction
 
-from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group
 from ansible_collections.dflash.trainer.plugins.plugin_utils._freezer import frozen_checked
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import as_one
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 
 # the fact a group's verdict is set as (the collection's API reads it: dflash_trainer/results.py GROUP_STATUS_FACT)
 GROUP_STATUS_FACT = "__trainer_group_status"
+
+
+def reads(members, hostvars, var):
+    """What each member registered as ``var`` (member -> its result, {} when not a dict); a member not known here
+    is left out."""
+    out = {}
+    for m in members:
+        try:
+            value = hostvars[m].get(var)
+        except KeyError:
+            continue
+        out[m] = value if isinstance(value, dict) else {}
+    return out
 
 
 def judge_group(group, hostvars):
@@ -21,8 +34,9 @@ def judge_group(group, hostvars):
     run) judged as one proved job from ``hostvars`` -> the task's result."""
     if not isinstance(group, dict) or not group.get("members") or not group.get("read"):
         raise AnsibleActionFail("group needs name, members (the group's hosts) and read (the variable of their reads)")
-    status = trainer_group(list(group["members"]), "status", hostvars, group["read"], group.get("name") or "",
-                           group.get("in_run"))
+    members, in_run = list(group["members"]), group.get("in_run")
+    status = as_one(group.get("name") or "", members, reads(members, hostvars, group["read"]),
+                    None if in_run is None else list(in_run))
     return dict(changed=False, group_status=status, group_failed=status.get("ok") is False,
                 ansible_facts={GROUP_STATUS_FACT: status})
 
@@ -34,7 +48,7 @@ class ActionModule(KeptPayload, NormalAction):
 
     Its verdicts, for the role's steps: V(as_expected) - the trainer runs its proved release healthily, or was
     stopped on purpose (RV(health)); a watch (O(watch_s)) fails the task when the trainer did not stay up. With
-    O(group), nothing is read: the group is judged from its members' reads (the trainer_group filter's status)."""
+    O(group), nothing is read: the group is judged from its members' reads (plugin_utils/_group.py's as_one)."""
 
     def run(self, tmp=None, task_vars=None):
         args = dict(self._task.args)

@@ -20,8 +20,9 @@ description:
     when that task starts; such a task, when skipped, says C(skipping) under its banner.
   - From C(-vvv) on, where Ansible says each task's connection and module lines while it runs, every task's
     banner is printed when it starts and a skipped task says C(skipping) under it, as with the default callback.
-  - The answer of the collection's C(trainer_group) action (a trainer group's plan or verdict) is shown by its
-    words alone (its C(msg)), as C(ansible.builtin.debug) shows its message.
+  - The answer of the collection's C(trainer_group) action (a trainer group's plan or verdict) and of its
+    C(trainer_doctor) action (the doctor's report) is shown by its words alone (its C(msg), and the doctor's
+    C(lines) beside the message of its failure), as C(ansible.builtin.debug) shows its message.
   - Set O(display_skipped_hosts=true) to see every skipped task again.
 extends_documentation_fragment:
   - ansible.builtin.default_callback
@@ -45,9 +46,10 @@ SPEAKING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
 
 
 # The collection's actions whose answer may carry words to say (``msg``, with ``_ansible_verbose_always``: a trainer
-# group's plan or verdict, registered whole): the words are shown alone, as ansible.builtin.debug's msg is.
-SAYING_ACTIONS = frozenset(["dflash.trainer.trainer_group"])
-_SAID_KEYS = ("msg", "exception", "warnings", "deprecations")
+# group's plan or verdict, registered whole; the doctor's report): the words are shown alone, as ansible.builtin.debug's msg is.
+SAYING_ACTIONS = frozenset(["dflash.trainer.trainer_group", "dflash.trainer.trainer_doctor"])
+# (lines: the doctor's report, beside the message of its failure)
+_SAID_KEYS = ("msg", "lines", "exception", "warnings", "deprecations")
 
 
 # From -vvv on, Ansible says each task's connection and module lines while it runs: every banner is printed

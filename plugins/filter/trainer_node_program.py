@@ -1,5 +1,5 @@
 """The node's Python judged before anything runs it (roles/trainer/tasks/node_gpus.yml): the raw script that
-asks the node, and the judgement of its answer, made in Python (plugins/plugin_utils/_node_program.py)."""
+asks the node (its answer is judged in Python: plugins/plugin_utils/_node_program.py)."""
 
 from ansible_collections.dflash.trainer.plugins.plugin_utils import _node_program
 
@@ -9,13 +9,6 @@ def trainer_node_program_script(path):
     return _node_program.script(str(path))
 
 
-def trainer_node_program_problem(answer, path):
-    """Why the node may not run ``path`` (``answer``: the raw task's result or its stdout), or ""."""
-    text = answer.get("stdout", "") if isinstance(answer, dict) else str(answer or "")
-    return _node_program.problem(text, str(path))
-
-
 class FilterModule:
     def filters(self):
-        return {"trainer_node_program_script": trainer_node_program_script,
-                "trainer_node_program_problem": trainer_node_program_problem}
+        return {"trainer_node_program_script": trainer_node_program_script}

@@ -1,11 +1,16 @@
 """A trainer group's barriers, plan and verdict (plugin_utils/_group.py), judged from what every member
-registered, and the filter the role calls them through."""
+registered (the trainer_group action calls them: test_group_action.py)."""
 import pytest
 
-from ansible.errors import AnsibleFilterError
-
-from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group, trainer_group_failure
-from ansible_collections.dflash.trainer.plugins.plugin_utils._group import as_one, barrier, group_plan, verdict
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import (
+    as_one,
+    barrier,
+    failure_words,
+    group_plan,
+    not_whole,
+    strays,
+    verdict,
+)
 from ansible_collections.dflash.trainer.plugins.module_utils.job.group_check import still_proved
 
 M = ["g0", "g1"]
@@ -75,15 +80,10 @@ def test_the_verdict_needs_every_member_proved():
     assert verdict(M, {"g0": good, "g1": {"failed": True, "msg": "not started"}})["failed"] == ["g1"]
 
 
-def test_the_filter_reads_every_members_registered_result():
-    hostvars = {"g0": {"__r": {"changed": True}}, "g1": {"__r": {"failed": True, "msg": "boom"}}}
-    assert trainer_group(M, "barrier", hostvars, "__r", "the x", ["g0", "g1"])["members"] == ["g1"]
-    begins = {"g0": {"__b": {"plan": plan()}}, "g1": {"__b": {"plan": plan()}}}
-    assert trainer_group(M, "plan", begins, "__b", "dist", M)["release"] == "r2"
-    with pytest.raises(AnsibleFilterError, match="kind must be one of"):
-        trainer_group(M, "vote", hostvars, "__r")
-    with pytest.raises(AnsibleFilterError, match="no members"):
-        trainer_group([], "barrier", hostvars, "__r")
+def test_every_members_registered_result_is_judged():
+    results = {"g0": {"changed": True}, "g1": {"failed": True, "msg": "boom"}}
+    assert barrier(M, results, "the x", alive=["g0", "g1"])["members"] == ["g1"]
+    assert group_plan("dist", M, {"g0": plan(), "g1": plan()}, M)["release"] == "r2"
 
 
 def test_a_member_is_deployed_only_with_its_group():
@@ -99,23 +99,22 @@ def test_a_member_is_deployed_only_with_its_group():
 
 
 def test_whole_says_which_member_is_outside_the_run():
-    assert trainer_group(M, "whole", {}, "dist", "", M) == {"refused": None}
-    assert "g1 is not in this run" in trainer_group(M, "whole", {}, "dist", "", ["g0"])["refused"]
+    assert strays("dist", M, {}) is None and not_whole("dist", M, M) is None
+    assert "g1 is not in this run" in not_whole("dist", M, ["g0"])
 
 
 def test_a_failed_restart_says_what_the_rollback_left():
-    from ansible_collections.dflash.trainer.plugins.filter.trainer_group import trainer_group_failure
     restart = verdict(M, {"g0": {"result": {"ok": True}}, "g1": {"result": {"ok": False, "msg": "exited 1"}}})
     back = verdict(M, {"g0": {"result": {"ok": True}}, "g1": {"result": {"ok": True}}})
-    assert trainer_group_failure(restart, "r1", back) == (
+    assert failure_words(restart, "r1", back) == (
         "trainer group: 1 of 2 members failed their proof - g1: exited 1. Every member was put back on release r1 "
         "and proved again (trainer group: every member (g0, g1) proved).")
     half = verdict(M, {"g0": {"failed": True, "msg": "not started"}, "g1": {"result": {"ok": True}}})
-    words = trainer_group_failure(restart, "r1", half)
+    words = failure_words(restart, "r1", half)
     assert "Every member was put back" not in words
     assert "The rollback to release r1 failed too" in words and "g0: not started" in words
-    assert "no member's rollback job ended" in trainer_group_failure(restart, "r1", None)
-    assert trainer_group_failure(restart, None).endswith("every member was stopped.")
+    assert "no member's rollback job ended" in failure_words(restart, "r1", None)
+    assert failure_words(restart, None).endswith("every member was stopped.")
 
 
 def test_the_verdict_needs_every_member_still_running_what_was_proved_at_the_check():
@@ -175,7 +174,7 @@ def test_status_of_some_members_judges_nothing_and_says_how_to_read_them_all():
     part = as_one("tg", M, {"g0": _read()}, ["g0"])
     assert part["ok"] is None and part["members"] == ["g1"]
     assert part["words"] == "trainer group tg: not judged as one - g1 not read in this run (read every member: -l tg)"
-    assert trainer_group(M, "status", {"g0": {"st": _read()}, "g1": {"st": _read()}}, "st", "tg", M)["ok"] is True
+    assert as_one("tg", M, {"g0": _read(), "g1": _read()}, M)["ok"] is True
 
 
 def test_each_member_carries_the_groups_plan_out_with_its_own_part():
@@ -206,9 +205,20 @@ def test_after_the_restart_the_verdict_says_what_follows():
     assert back["members"] == ["g1"] and "failed" not in back  # a registered result's `failed` fails its task
     stop = after_job("restart", bad, None)
     assert stop["stop"] and stop["fail"] and not stop["rollback"]
-    assert stop["failure"] == trainer_group_failure(bad, None)
+    assert stop["failure"] == failure_words(bad, None)
     rolled = after_job("rollback", good, "r1", restart=back["restart"])
     assert rolled["good"] and rolled["fail"] and not (rolled["report"] or rolled["watch"] or rolled["stop"])
-    assert rolled["failure"] == trainer_group_failure(bad, "r1", good)
+    assert rolled["failure"] == failure_words(bad, "r1", good)
     worse = after_job("rollback", bad, "r1", restart=back["restart"])
     assert not worse["good"] and worse["fail"] and "The rollback to release r1 failed too" in worse["failure"]
+
+
+def test_a_groups_status_is_judged_from_every_members_registered_read():
+    """trainer_status with group: every member's read, as it registered it, judged as one job (as_one)."""
+    from ansible_collections.dflash.trainer.plugins.action.trainer_status import judge_group
+    whole = judge_group({"name": "tg", "members": M, "read": "st", "in_run": M},
+                        {"g0": {"st": _read()}, "g1": {"st": _read()}})
+    assert whole["group_status"]["ok"] is True and whole["group_failed"] is False
+    assert whole["ansible_facts"]["__trainer_group_status"] == whole["group_status"]
+    part = judge_group({"name": "tg", "members": M, "read": "st", "in_run": ["g0"]}, {"g0": {"st": _read()}})
+    assert part["group_status"]["ok"] is None and part["group_status"]["members"] == ["g1"]

@@ -1,0 +1,101 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.trainer maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller side of dflash.trainer.trainer_doctor (documented in the module): the doctor's decisions, made here
+from what the node and the container answered (plugin_utils/_doctor.py, pure and tested) - the role's doctor
+tasks only ask (raw, over the connection) and register this action's answer; their `when:` reads its field.
+
+Two calls: with the node's answer alone, whether the container is asked (RV(enter)) and the controller's clock
+before it is; with both answers, the report - shown as its lines (the stdout callback shows the words alone,
+plugins/callback/concise.py), the record written on the controller when asked, and the task failed, with the
+report's summary, when an assumption does not hold. No remote call."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.text.converters import to_bytes, to_native
+from ansible.plugins.action import ActionBase
+from ansible.plugins.filter.core import to_nice_json
+
+from ansible_collections.dflash.trainer.plugins.module_utils.target.secrets import secret_values
+from ansible_collections.dflash.trainer.plugins.plugin_utils import _doctor
+
+# the report, as the CLI (dflash_trainer/doctor.py) reads it from the task's event
+FACT = "__trainer_doctor"
+RECORD_MODE = 0o600
+
+
+def record_path(record_dir, host):
+    """Where a host's record is written: RECORD_DIR/HOST.json."""
+    return os.path.join(record_dir, "%s.json" % host)
+
+
+def write_record(path, content, mode=RECORD_MODE):
+    """CONTENT (text) at PATH with MODE, replaced whole (a file in the same directory moved over it) -> whether
+    the file changed (it was missing, or its content or mode differed)."""
+    data = to_bytes(content)
+    try:
+        with open(path, "rb") as fh:
+            same = fh.read() == data and os.stat(path).st_mode & 0o7777 == mode
+    except FileNotFoundError:
+        same = False
+    if same:
+        return False
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def judge(node, container, before, after, env=None, record=False, **params):
+    """The report (``_doctor.report``'s {checks, lines, failed, exit_code, summary}) of the two answers, the values
+    of ENV (trainer_env) masked, and with RECORD the answers kept for `doctor --record` -> (report, record or
+    None)."""
+    params["sudo"] = bool(params.get("sudo"))
+    out, kept = _doctor.judged(node, container, before, after, secrets=secret_values(env or {}), **params)
+    return out, (kept if record else None)
+
+
+class ActionModule(ActionBase):
+
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("node", "container", "before", "vmid", "host", "user", "pct_path", "sudo", "python",
+                             "nvidia_smi", "trainer_root", "node_nvidia_smi", "env", "record_dir"))
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        result["changed"] = False
+        args = self._task.args
+        node = dict(args.get("node") or {})
+        if "container" not in args:  # the node's answer alone: whether to ask the container
+            result.update(enter=_doctor.enter(node), before=time.time())
+            return result
+        params = dict((k, args.get(k)) for k in _doctor.JUDGE_PARAMS if args.get(k) is not None)
+        record_dir = args.get("record_dir") or ""
+        report, kept = judge(node, dict(args.get("container") or {}), args.get("before"), time.time(),
+                             env=args.get("env"), record=bool(record_dir), **params)
+        if kept is not None:
+            path = record_path(record_dir, task_vars.get("inventory_hostname"))
+            try:
+                result["changed"] = write_record(path, to_nice_json(kept))
+            except OSError as exc:
+                raise AnsibleActionFail("doctor: cannot write the record %s: %s" % (path, to_native(exc)))
+            result["record"] = path
+        result.update(ansible_facts={FACT: report}, _ansible_verbose_always=True)
+        if report["failed"]:  # the lines, and the summary as the failure's message
+            result.update(failed=True, lines=report["lines"], msg="doctor: %s" % report["summary"])
+        else:
+            result["msg"] = report["lines"]
+        return result
