@@ -12,7 +12,6 @@ report's summary, when an assumption does not hold. No remote call."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 
 from ansible.errors import AnsibleActionFail
@@ -20,12 +19,13 @@ from ansible.module_utils.common.text.converters import to_bytes, to_native
 from ansible.plugins.action import ActionBase
 from ansible.plugins.filter.core import to_nice_json
 
+from ansible_collections.dflash.trainer.plugins.module_utils.target.private_file import replace_private
 from ansible_collections.dflash.trainer.plugins.module_utils.target.secrets import secret_values
 from ansible_collections.dflash.trainer.plugins.plugin_utils import _doctor
 
 # the report, as the CLI (dflash_trainer/doctor.py) reads it from the task's event
 FACT = "__trainer_doctor"
-RECORD_MODE = 0o600
+RECORD_MODE = 0o600  # what replace_private writes
 
 
 def record_path(record_dir, host):
@@ -33,25 +33,21 @@ def record_path(record_dir, host):
     return os.path.join(record_dir, "%s.json" % host)
 
 
-def write_record(path, content, mode=RECORD_MODE):
-    """CONTENT (text) at PATH with MODE, replaced whole (a file in the same directory moved over it) -> whether
-    the file changed (it was missing, or its content or mode differed)."""
-    data = to_bytes(content)
+def write_record(path, content):
+    """CONTENT (text) at PATH, mode 0600, replaced whole (the collection's private-file writer: a temporary file
+    beside it renamed over it) -> whether the file changed (it was missing, or its content or mode differed)."""
     try:
         with open(path, "rb") as fh:
-            same = fh.read() == data and os.stat(path).st_mode & 0o7777 == mode
+            same = fh.read() == to_bytes(content) and os.stat(path).st_mode & 0o7777 == RECORD_MODE
     except FileNotFoundError:
         same = False
     if same:
         return False
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=os.path.dirname(path) or ".")
+    tmp = "%s.tmp-%d" % (path, os.getpid())
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        replace_private(path, content, tmp=tmp)
     except BaseException:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
     return True
