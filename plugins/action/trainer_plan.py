@@ -18,7 +18,9 @@ display = Display()
 class ActionModule(KeptPayload, NormalAction):
     """dflash.trainer.trainer_plan, run as ansible.builtin.normal runs a module; the phases of a restart job
     it started (and watched for its first wait) said as the watch says them, and what the role shows of its end
-    when it ended within this call (RV(job_start)'s V(ok), V(words), V(fail_msg): plugin_utils/_watch.py). Its call
+    when it ended within this call (RV(job_start)'s V(ok), V(words), V(fail_msg): plugin_utils/_watch.py) - the
+    proof of a restart that ended proved within this call, with nothing after it (the plan's V(done)), is the end
+    of RV(report), which the role shows before it ends the run. Its call
     fails at once, naming the freeze, when the container is frozen (the pct connection's frozen_check)."""
 
     def run(self, tmp=None, task_vars=None):
@@ -29,4 +31,8 @@ class ActionModule(KeptPayload, NormalAction):
         say_start(display, (task_vars or {}).get("inventory_hostname", "?"), job)
         if isinstance(job, dict) and job.get("started") and job.get("finished"):
             job.update(outcome(job, self._task.args.get("unit") or "", job.get("reasons")))
+        plan = result.get("plan") if isinstance(result.get("plan"), dict) else {}
+        if plan.get("done") and isinstance(job, dict):  # the run ends with this report: the proof is its last lines
+            result["report"] = list(result.get("report") or []) + list(job.get("words") or [])
+            result["has_report"] = bool(result["report"])
         return result

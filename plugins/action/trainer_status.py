@@ -48,7 +48,8 @@ class ActionModule(KeptPayload, NormalAction):
 
     Its verdicts, for the role's steps: V(as_expected) - the trainer runs its proved release healthily, or was
     stopped on purpose (RV(health)); a watch (O(watch_s)) fails the task when the trainer did not stay up. With
-    O(group), nothing is read: the group is judged from its members' reads (plugin_utils/_group.py's as_one)."""
+    O(group), nothing is read: the group is judged from its members' reads (plugin_utils/_group.py's as_one). A
+    watch that passed says what it saw (its V(msg), shown as ansible.builtin.debug's is)."""
 
     def run(self, tmp=None, task_vars=None):
         args = dict(self._task.args)
@@ -64,4 +65,7 @@ class ActionModule(KeptPayload, NormalAction):
         if watch_s and not result.get("failed") and "health" in result and not health.get("ok"):
             result.update(failed=True, msg="%s did not stay up for trainer_watch_s=%s s after its proof: %s" % (
                 args.get("unit"), watch_s, health.get("words")))
+        elif watch_s and not result.get("failed"):  # what the watch saw, shown as ansible.builtin.debug's msg is
+            result.update(msg="watched %s s after the proof: %s" % (result.get("watched_s", 0), health.get("words")),
+                          _ansible_verbose_always=True)
         return result

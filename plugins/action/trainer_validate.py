@@ -16,11 +16,12 @@ import subprocess
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.action import ActionBase
+from ansible.plugins.loader import lookup_loader
 
 from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import managed
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
-from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import check, src_problems
+from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUNS, check, run_intent, src_problems
 from ansible_collections.dflash.trainer.plugins.plugin_utils._role_spec import entry_options, spec_failure
 
 
@@ -59,7 +60,7 @@ _HOST_VARS = ("proxmox_vmid", "ansible_connection", "inventory_hostname", "group
 class ActionModule(ActionBase):
 
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit", "spec", "lock_token"))
+    _VALID_ARGS = frozenset(("entry", "run", "variables", "gpus", "unit", "spec", "lock_token"))
 
     def _play_variables(self, task_vars):
         names = [k for k in task_vars if k.startswith("trainer_")] + [k for k in _HOST_VARS if k in task_vars]
@@ -81,16 +82,28 @@ class ActionModule(ActionBase):
         options = entry_options(role._role_path, entry)
         return spec_failure(options, {k: variables[k] for k in options if k in variables})
 
+    def _release_id(self, variables, task_vars):
+        """The id of the release trainer_src would become, as the role's lookup dflash.trainer.release_id computes
+        it (the same search path and per-file hash cache as the release's upload)."""
+        lookup = lookup_loader.get("dflash.trainer.release_id", loader=self._loader, templar=self._templar)
+        return lookup.run([variables.get("trainer_src")], variables=task_vars,
+                          excludes=variables.get("trainer_release_excludes"))[0]
+
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super(ActionModule, self).run(tmp, task_vars)
         args = self._task.args
-        entry = args.get("entry") or "main"
+        run = args.get("run")
+        # a run of the role (main.yml): its entry point names the input check's entry, and main's takes the
+        # argument spec too (playbooks/deploy.yml imports the role without Ansible's own check task)
+        entry = RUNS[run][0] if run in RUNS else args.get("entry") or "main"
         try:
+            if run is not None and run not in RUNS:
+                raise ValueError("run must be one of %s, not %r" % (", ".join(RUNS), run))
             variables = args.get("variables")
             if variables is None:
                 variables = self._play_variables(task_vars)
-            refused = self._spec_failure(entry, variables) if args.get("spec") else None
+            refused = self._spec_failure(entry, variables) if args.get("spec") or run == "main" else None
             if refused:
                 result.update(refused)
                 return result
@@ -106,6 +119,13 @@ class ActionModule(ActionBase):
             return result
         if entry == "main" and not problems:
             result["source"] = describe_source(variables.get("trainer_src"))
+        if run is not None and not problems:  # what the run's first read plans for
+            try:
+                release = self._release_id(variables, task_vars) if run == "main" else None
+            except AnsibleError as exc:
+                result.update(failed=True, msg="input check failed: %s" % to_native(exc))
+                return result
+            result.update(run_intent(run, variables, release))
         if entry != "status" and not problems:
             # what a run writes or deletes on the target: judged there by the first read (trainer_status)
             unit_path = unit_path_of(variables.get("trainer_unit_name"))

@@ -20,9 +20,11 @@ description:
     when that task starts; such a task, when skipped, says C(skipping) under its banner.
   - From C(-vvv) on, where Ansible says each task's connection and module lines while it runs, every task's
     banner is printed when it starts and a skipped task says C(skipping) under it, as with the default callback.
-  - The answer of the collection's C(trainer_group) action (a trainer group's plan or verdict) and of its
-    C(trainer_doctor) action (the doctor's report) is shown by its words alone (its C(msg), and the doctor's
-    C(lines) beside the message of its failure), as C(ansible.builtin.debug) shows its message.
+  - The answer of the collection's C(trainer_group) action (a trainer group's plan or verdict), of its
+    C(trainer_doctor) action (the doctor's report), of C(trainer_node_gpus) (who holds the trainer's GPUs, as the
+    node sees it) and of C(trainer_status) (a failure, or what the watch after a proof saw) is shown by its words
+    alone (its C(msg), and the C(lines) beside the message of a failure), as C(ansible.builtin.debug) shows its
+    message.
   - Set O(display_skipped_hosts=true) to see every skipped task again.
 extends_documentation_fragment:
   - ansible.builtin.default_callback
@@ -46,8 +48,11 @@ SPEAKING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
 
 
 # The collection's actions whose answer may carry words to say (``msg``, with ``_ansible_verbose_always``: a trainer
-# group's plan or verdict, registered whole; the doctor's report): the words are shown alone, as ansible.builtin.debug's msg is.
-SAYING_ACTIONS = frozenset(["dflash.trainer.trainer_group", "dflash.trainer.trainer_doctor"])
+# group's plan or verdict, registered whole; the doctor's report; the node's view of the GPUs; a watch's words): the words are shown alone, as ansible.builtin.debug's msg is.
+SAYING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
+    "trainer_group", "trainer_doctor",
+    "trainer_node_gpus",  # who holds the trainer's GPUs, as the node sees it
+    "trainer_status"))  # what the watch after a proof saw
 # (lines: the doctor's report, beside the message of its failure)
 _SAID_KEYS = ("msg", "lines", "exception", "warnings", "deprecations")
 
@@ -83,7 +88,9 @@ class CallbackModule(DefaultCallback):
 
     def _clean_results(self, result, task_name):
         if task_name in SAYING_ACTIONS and "msg" in result:  # its words alone, not the whole answer
-            for key in [k for k in result if k not in _SAID_KEYS and not str(k).startswith("_")]:
+            # (the lines beside a failure's message; a success's lines to show are its msg)
+            said = _SAID_KEYS if result.get("failed") else tuple(k for k in _SAID_KEYS if k != "lines")
+            for key in [k for k in result if k not in said and not str(k).startswith("_")]:
                 result.pop(key)
             return
         super()._clean_results(result, task_name)

@@ -81,18 +81,20 @@ options:
     description: The proof's per-GPU minimum (C(trainer_gpu_min_mib)), for O(check=proof).
     type: int
     default: 1024
-  program:
-    description:
-      - What a C(raw) task of the script C(trainer_node_program_script) said of the node's Python (its result, or
-        its stdout) - judged with O(python) before the module runs in that Python; one another user may change is
-        refused (the task fails, the module not run).
-      - Handled by the action plugin; the target never sees it.
-    type: raw
   python:
     description:
-      - The node's Python the module runs in (the role's C(trainer_node_python)), judged with O(program).
+      - The node's Python the module runs in (the role's C(trainer_node_python)). The action first describes it
+        over the task's connection with a raw shell script - no Python; its resolved path, owner and mode and every
+        directory above it (plugin_utils/_node_program.py) - and judges the answer; one another user may change is
+        refused (the task fails, the module never run in it).
       - Handled by the action plugin; the target never sees it.
     type: str
+  view:
+    description:
+      - The role's node-view options, whole (C(__trainer_node_args)), spread under the task's own options (the
+        task's own win) - the role reads the node's view twice with the same options.
+      - Handled by the action plugin; the target never sees it.
+    type: dict
   must:
     description:
       - V(false) - a node view that cannot be read does not fail the task (its result says why).
@@ -219,8 +221,8 @@ def main():
             check=dict(type="str", default="none", choices=["none", "preflight", "proof"]),
             max_mib=dict(type="int", default=1024),
             min_mib=dict(type="int", default=1024),
-            program=dict(type="raw"),
             python=dict(type="str"),
+            view=dict(type="dict"),
             must=dict(type="bool", default=True),
         ),
         supports_check_mode=True,

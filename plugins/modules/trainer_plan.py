@@ -250,29 +250,20 @@ current_release:
   type: str
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.first_read import (
-    job_over,
-    lock_holder_job,
-    lock_refusal,
-    lock_taken,
+    compare_install,
+    install_here,
     ownership_problems,
     read_report,
     refusal_message,
+    take_lock,
     untouched_words,
 )
 from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
-from ansible_collections.dflash.trainer.plugins.module_utils.target.install import (
-    ENV_CONTENT_OPTION,
-    INSTALL_SUBOPTIONS,
-    InstallError,
-    install_all,
-)
-from ansible_collections.dflash.trainer.plugins.module_utils.job.state import job_alive, observe_job, outcome_words, read_state
-from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import acquire_waiting, release
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import ENV_CONTENT_OPTION, INSTALL_SUBOPTIONS
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import release
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import (
     ENTRIES,
     job_wait_s,
@@ -286,31 +277,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils.target.command impo
 from ansible_collections.dflash.trainer.plugins.module_utils.target.secrets import mask, read_secrets
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.status_read import READ_OPTIONS, read_status
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
-from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import poll_until
-
-
-def take_lock(module, lk, state_path):
-    """Take the deploy lock (O(lock)) -> RV(lock); fail the module when it is not taken. A restart
-    job of an earlier (interrupted) play that holds it is waited for (O(lock.job_wait_s)) first."""
-    out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
-                          wait_s=lk["wait_s"])
-    attached = None
-    job = lock_holder_job(out, read_state(state_path), job_alive) if state_path and not out.ok else None
-    if job is not None:
-        attached = wait_for_job(state_path, job, lk["job_wait_s"])
-        out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
-                              wait_s=max(lk["wait_s"], 5))
-    if not out.ok:
-        module.fail_json(lock_holder="nobody", **lock_refusal(out))
-    return lock_taken(out, attached)
-
-
-def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
-    """Wait (bounded) until the restart job ``job`` (its state, found running) has ended -> words
-    for what it did."""
-    out = poll_until(lambda: observe_job(state_path, alive=job_alive), job_over(job.get("job_id")), wait_s, 0.5,
-                     clock=clock, sleep=sleep, first=(job, True))
-    return "waited for %s" % outcome_words(out.snapshot[0])
 
 
 def start_job(module, plan, p, run):
@@ -320,17 +286,6 @@ def start_job(module, plan, p, run):
     from ansible_collections.dflash.trainer.plugins.module_utils.job.start import start_planned  # pylint: disable=import-outside-toplevel
 
     return start_planned(module, plan, p["job"], p["trainer_root"], p, run)
-
-
-def compare_install(module, run, systemctl):
-    """What O(install) would change (compared, nothing written); a refusal is said, not raised."""
-    p = module.params
-    try:
-        found = install_all(dict(p["install"], env_content=p["env_content"] or ""), run, systemctl,
-                            check_mode=True, diff=module._diff)
-    except InstallError as e:  # the deploy's install refuses it too, before any write; say it there
-        return dict(e.result, refused=e.msg), None
-    return found, found.pop("diff", None)
 
 
 def main():
@@ -343,6 +298,7 @@ def main():
                 force=dict(type="bool", default=False),
                 rollback_release=dict(type="str"),
                 hold=dict(type="bool", default=False),
+                disable=dict(type="bool", default=False),
             )),
             owned=dict(type="list", elements="dict", default=[]),
             settings=dict(type="dict", options=dict(
@@ -402,7 +358,13 @@ def main():
     result["lock_holder"] = "play" if taken is not None else "nobody"
     if taken is not None:
         result["lock"] = taken
-        if problems or lock_holder(plan, hold=p["intent"]["hold"]) == "nobody":  # nothing past this call: freed here
+        if plan["install_unit"] and not (problems or p["intent"]["hold"]):
+            # a deploy that restarts nothing but changes the unit's enablement: installed here, the trainer
+            # untouched - nothing is left past this call
+            result["install"] = install_here(module, run, systemctl, p["lock"])
+            result["changed"] = bool(result["install"].get("changed"))
+            plan.update(install_unit=False, end=True)
+        if problems or plan["end"] or lock_holder(plan, hold=p["intent"]["hold"]) == "nobody":  # nothing past this call: freed here
             freed = release(p["lock"]["path"], p["lock"]["token"])
             taken["released"] = bool(freed.ok)
             result["lock_holder"] = "nobody" if freed.ok else "play"
@@ -413,6 +375,7 @@ def main():
             result["changed"] = bool(result["job_start"].get("started"))
             plan["start_job"] = False  # started here (or refused here: the role reports it)
             plan["done"] = restart_done(result, 1 if plan["watch"] else 0)
+            plan["end"] = plan["done"]
     result.update(report=read_report(p["intent"]["entry"], plan, result, p["unit"]),
                   untouched_words=untouched_words(p["unit"], plan, result))
     result["has_report"] = bool(result["report"])

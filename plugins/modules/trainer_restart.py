@@ -70,10 +70,11 @@ options:
     type: dict
   kind:
     description:
-      - With O(begun), what the job is - V(restart) (V(words) is its proof) or V(stop) (what was stopped).
+      - With O(begun), what the job is - V(restart) (V(words) is its proof) or V(stop) (what was stopped); V(start),
+        the operation that started a restart (the role passes its plan's C(job_operation)), is V(restart).
       - Handled by the action plugin; the target never sees it.
     type: str
-    choices: [restart, stop]
+    choices: [restart, start, stop]
     default: restart
   state_path:
     description: The job's state file in the container.

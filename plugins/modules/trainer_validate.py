@@ -29,6 +29,14 @@ options:
     type: str
     choices: [main, restart, rollback, status]
     default: main
+  run:
+    description:
+      - The role's entry point whose run this task begins (the role's C(main.yml), which C(restart), C(rollback),
+        C(start) and C(stop) import) - it sets O(entry) (C(main) for main, C(rollback) for rollback, C(restart) for
+        the others), takes the argument spec too for C(main) (as O(spec)), and returns what the run's first read
+        plans for (RV(intent), RV(installs), RV(enable)).
+    type: str
+    choices: [main, restart, rollback, start, stop]
   variables:
     description:
       - The variables to check. The action plugin fills this from the play's C(trainer_*)
@@ -97,6 +105,25 @@ in_group:
   description: Whether the host is a member of a trainer group (C(trainer_group) set) - its group's play deploys it,
     status judges its group as a whole.
   returned: by the action plugin, when the inputs were checked
+  type: bool
+  sample: false
+intent:
+  description:
+    - What the run's first read (M(dflash.trainer.trainer_plan)'s O(dflash.trainer.trainer_plan#module:intent)) plans
+      for - C(entry) (deploy for main), a deploy's C(release) (the id trainer_src would become, computed here as the
+      lookup dflash.trainer.release_id computes it) and C(force) (trainer_force_restart), a rollback's
+      C(rollback_release) (trainer_rollback_release), a stop's C(disable) (trainer_stop_disable).
+  returned: by the action plugin, with O(run), when the inputs are accepted
+  type: dict
+  sample: {"entry": "deploy", "release": "4f1c2d9e0a1b2c3d", "force": false}
+installs:
+  description: Whether the run's job installs the unit, launcher and environment file (a deploy).
+  returned: by the action plugin, with O(run), when the inputs are accepted
+  type: bool
+  sample: true
+enable:
+  description: Whether the run's job enables a unit a deliberate stop disabled (a start, unless trainer_unit_enabled is false).
+  returned: by the action plugin, with O(run), when the inputs are accepted
   type: bool
   sample: false
 leave_to_group:

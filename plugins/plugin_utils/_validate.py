@@ -44,6 +44,32 @@ from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log i
 
 ENTRIES = ("main", "restart", "rollback", "status")
 
+# The role's entry points that run (main.yml, and restart, rollback, start and stop, which import it):
+# entry point -> (the input check's entry, the plan's intent entry: plugins/module_utils/plan/decide.py)
+RUNS = {"main": ("main", "deploy"), "restart": ("restart", "restart"), "rollback": ("rollback", "rollback"),
+        "start": ("restart", "start"), "stop": ("restart", "stop")}
+
+
+def run_intent(run, v, release=None):
+    """What the run of the role's entry point ``run`` (RUNS) is for, from the play's variables ``v`` (checked)
+    -> dict(intent, installs, enable): V(intent) the first read plans from (entry; a deploy's ``release``, the
+    id of trainer_src computed on the controller, and ``force``; a rollback's ``rollback_release``; a stop's
+    ``disable``), V(installs) (the run's job installs the unit, launcher and environment file: a deploy),
+    V(enable) (the job enables a unit a stop disabled: a start, unless trainer_unit_enabled is false)."""
+    if run not in RUNS:
+        raise ValueError("run must be one of %s, not %r" % (", ".join(RUNS), run))
+    entry = RUNS[run][1]
+    intent = dict(entry=entry)
+    if entry == "deploy":
+        intent.update(release=release or "", force=boolean(v.get("trainer_force_restart") or False, strict=False))
+    elif entry == "rollback":
+        intent["rollback_release"] = v.get("trainer_rollback_release") or ""
+    elif entry == "stop":
+        intent["disable"] = boolean(v.get("trainer_stop_disable") or False, strict=False)
+    enabled = v.get("trainer_unit_enabled")
+    return dict(intent=intent, installs=entry == "deploy",
+                enable=entry == "start" and boolean(True if enabled is None else enabled, strict=False))
+
 # Characters a path may hold: it reaches a unit file, an EnvironmentFile and argv lists; a space,
 # a quote, `;`, `$`, `%` (a systemd specifier) or a control character is always a typo here.
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._+@=:,/-]*$")

@@ -41,11 +41,13 @@ def test_the_lock_is_released_only_when_the_play_holds_it(tmp_path):
 
 
 def test_a_node_python_another_user_may_change_is_refused_before_the_module_runs(tmp_path):
-    answer = {"stdout": "uid 0\nreal /tmp/py\n"}  # what the raw script says of a Python in /tmp: not root's only
-    rc, res = adhoc(tmp_path, "dflash.trainer.trainer_node_gpus",
-                    dict(program=answer, python="/tmp/py", vmid=1, unit="u"))
+    python = tmp_path / "py"  # below /tmp, which any user may write to: described by the action's raw script
+    python.write_text("#!/bin/sh\ntouch \"$0.ran\"\n")
+    python.chmod(0o755)
+    rc, res = adhoc(tmp_path, "dflash.trainer.trainer_node_gpus", dict(python=str(python), vmid=1, unit="u"))
     assert rc != 0 and res["msg"].startswith("refused before the node's view ran: trainer_node_python: "), res
     assert res["has_lines"] is False and "invocation" not in res  # the module never ran
+    assert not (tmp_path / "py.ran").exists()  # nor the refused Python
 
 
 def test_the_watch_of_a_job_that_ended_within_its_start_makes_no_call(tmp_path):

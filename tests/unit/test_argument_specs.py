@@ -226,8 +226,10 @@ def test_the_proofs_log_pattern_fragment_has_the_roles_defaults(defaults):
 
 
 def test_what_a_run_learns_is_emptied_at_its_end_as_it_starts():
-    """vars/main.yml's empty starting values of what a run learns and run_end.yml's reset are one list: a fact
+    """vars/main.yml's empty starting values of what a run learns and the reset at the end of a run (main.yml's
+    `always:`, and the group's) are one list: a fact
     added to one and not the other would start undefined, or outlive its run into the next run of the play."""
     empty = {name: value for name, value in load("vars", "main.yml").items() if value in ({}, "")}
-    resets = [t["ansible.builtin.set_fact"] for t in load("tasks", "run_end.yml") if "ansible.builtin.set_fact" in t]
-    assert len(resets) == 1 and resets[0] and resets[0] == empty, (resets, empty)
+    for name in ("main.yml", "group.yml"):
+        resets = [t["ansible.builtin.set_fact"] for t in _tasks(load("tasks", name)) if "ansible.builtin.set_fact" in t]
+        assert len(resets) == 1 and resets[0] and resets[0] == empty, (name, resets, empty)

@@ -57,8 +57,20 @@ def run(cb, name, action, words=False):
     return cb._display.lines
 
 
+def said(action, result):
+    result = dict(result)
+    callback()._clean_results(result, action)
+    return sorted(result)
+
+
 module = sys.modules[type(callback()).__module__]
 print(json.dumps({
+    "said_lines": said("dflash.trainer.trainer_node_gpus", {"msg": ["GPU 0: held by 200/dflash-trainer"],
+                       "lines": ["GPU 0: held by 200/dflash-trainer"], "has_lines": True, "foreign_mib": {},
+                       "_ansible_verbose_always": True}),
+    "said_failure": said("dflash.trainer.trainer_doctor", {"failed": True, "msg": "doctor: 1 does not hold",
+                         "lines": ["x python3"], "record": "/r.json"}),
+    "said_plain": said("ansible.builtin.command", {"msg": "m", "lines": ["a"], "rc": 0}),
     "speaking": sorted(module.SPEAKING_ACTIONS),
     "plain_skipped": run(callback(), "Report what check mode would restart", "ansible.builtin.debug"),
     "speaking_skipped": run(callback(), "Watch the restart job", "dflash.trainer.trainer_restart", words=True),
@@ -140,3 +152,11 @@ def test_the_checkouts_configuration_uses_it(tmp_path):
     assert re.search(r"TASK \[A lock task not needed\] \**\nskipping: \[localhost\]", out), out
     assert re.search(r"TASK \[A task that runs\] \**\nok: \[localhost\]", out), out
     assert out.count("skipping:") == 1, out
+
+
+def test_a_saying_actions_answer_is_its_words_alone(driven):
+    """The node's view and a watch say their lines as their msg: the rest of the answer (its lines again
+    included) is left out; a failure keeps its lines beside its message; another action's answer is whole."""
+    assert driven["said_lines"] == ["_ansible_verbose_always", "msg"]
+    assert driven["said_failure"] == ["lines", "msg"]
+    assert "rc" in driven["said_plain"] and "lines" in driven["said_plain"]

@@ -1,6 +1,6 @@
 """The restart job's settings are written once (roles/trainer/vars/main.yml: __trainer_job_args): the first
 read's `job` (trainer_plan starts a restart of what is on the target in its own call) and the call that
-starts the job after an upload (run.yml) pass the same values, and trainer_plan checks them
+starts the job after an upload (main.yml) pass the same values, and trainer_plan checks them
 against trainer_restart's own options (module_utils/job/start.py: JOB_OPTIONS); every task that starts a
 restart or stop job passes them whole as trainer_restart's `job` (plugin_utils/_job_spec.py) and names only
 what differs for it."""
@@ -30,14 +30,16 @@ def _restart_tasks():
         with open(os.path.join(ROLE, "tasks", name)) as fh:
             for t in tasks(yaml.safe_load(fh)):
                 args = t.get("dflash.trainer.trainer_restart")
-                if args is not None and args.get("operation", "start") in ("start", "stop"):
+                # main.yml's operation is its plan's (job_operation: start or stop)
+                if args is not None and args.get("operation", "start") in ("start", "stop",
+                                                                           "{{ __trainer_plan.job_operation }}"):
                     found.append((name, args))
     return found
 
 
 def test_every_call_that_starts_a_job_takes_the_job_settings_whole_and_writes_none_again():
     job, calls = _job_args(), _restart_tasks()
-    assert {f for f, _a in calls} == {"run.yml", "group_job.yml", "stop.yml", "group.yml"}, calls
+    assert {f for f, _a in calls} == {"main.yml", "group.yml"}, calls
     for name, args in calls:
         assert args.get("job") == "{{ __trainer_job_args }}", name
         # what a call names beside the job is what differs for it: never a setting copied with the same value
@@ -46,7 +48,7 @@ def test_every_call_that_starts_a_job_takes_the_job_settings_whole_and_writes_no
 
 
 def test_the_first_reads_job_is_the_same_settings():
-    with open(os.path.join(ROLE, "tasks", "plan.yml")) as fh:
+    with open(os.path.join(ROLE, "tasks", "main.yml")) as fh:
         begin = [t["dflash.trainer.trainer_plan"] for t in tasks(yaml.safe_load(fh)) if "dflash.trainer.trainer_plan" in t]
     assert [b["job"] for b in begin] == ["{{ __trainer_job_args }}"]
 

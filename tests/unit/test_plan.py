@@ -227,10 +227,10 @@ def test_restart_done(name, first_read, watch_s, want):
 
 SETTINGS = {"stop_timeout_s": 60, "drain_timeout_s": 60, "ready_timeout_s": 600, "measure_s": 0, "min_tokps_ratio": 0}
 STEPS = ("run_job", "start_job", "node_view_before", "node_view_after", "watch", "would_restart", "untouched",
-         "install_unit", "done")
+         "install_unit", "done", "end", "would_stop")
 STEP_ROWS = [
     # (entry, intent, read, install, settings) -> the steps that are true
-    ("a deploy that changes nothing", dict(entry="deploy", release="r1"), proved(), NO_CHANGE, {}, set()),
+    ("a deploy that changes nothing", dict(entry="deploy", release="r1"), proved(), NO_CHANGE, {}, {"end"}),
     ("a new release", dict(entry="deploy", release="r2"), proved(), NO_CHANGE, {}, {"run_job", "start_job"}),
     ("a new release, watched, the node's view read", dict(entry="deploy", release="r2"), proved(), NO_CHANGE,
      dict(watch_s=60, gpu_host_view=True),
@@ -245,7 +245,7 @@ STEP_ROWS = [
      dict(watch_s=60), {"run_job", "start_job"}),
     ("a stop: the node's view before it, none after", dict(entry="stop"), proved(), None, dict(gpu_host_view=True),
      {"run_job", "start_job", "node_view_before"}),
-    ("a stop in check mode", dict(entry="stop"), proved(), None, dict(check_mode=True), set()),
+    ("a stop in check mode", dict(entry="stop"), proved(), None, dict(check_mode=True), {"would_stop"}),
     ("a refused rollback", dict(entry="rollback"), proved(), None, dict(gpu_host_view=True), set()),
 ]
 
@@ -255,6 +255,16 @@ def test_the_steps_past_the_first_read(name, intent, status, install, settings, 
     plan = make_plan(intent, status, install, settings=dict(SETTINGS, **settings))
     assert {s for s in STEPS if plan[s] is True} == want, name
     assert all(isinstance(plan[s], bool) for s in STEPS)  # a `when:` reads each as it is
+
+
+def test_the_job_a_run_starts_is_a_restart_or_a_stop_with_its_reasons():
+    stop = make_plan({"entry": "stop", "disable": True}, proved(), settings=SETTINGS)
+    assert (stop["job_operation"], stop["reasons"], stop["disable"], stop["restart"]) == (
+        "stop", ["stop requested"], True, False)
+    assert make_plan({"entry": "stop"}, proved(), settings=SETTINGS)["disable"] is False
+    for intent in ({"entry": "restart"}, {"entry": "deploy", "release": "r2"}, {"entry": "start"}):
+        plan = make_plan(intent, proved(), NO_CHANGE, settings=SETTINGS)
+        assert plan["job_operation"] == "start" and plan["disable"] is False, intent
 
 
 def test_the_steps_without_settings_are_booleans_too():
@@ -270,6 +280,10 @@ def test_the_first_reads_report():
     enable = make_plan({"entry": "deploy", "release": "r1"}, read, dict(NO_CHANGE, enabled_changed=True, changed=True),
                        settings=SETTINGS)
     assert read_report("deploy", enable, read, "t") == ["t left running: release r1 unchanged, pid 42, up 7 s"]
+    stop = make_plan({"entry": "stop", "disable": True}, dict(read, active_state="active", running_release="r1"),
+                     settings=dict(SETTINGS, check_mode=True))
+    assert read_report("stop", stop, dict(read, active_state="active", running_release="r1"), "t") == [
+        "would stop t (active, pid 42, release r1) and disable it"]
     check = make_plan({"entry": "deploy", "release": "r2"}, read, NO_CHANGE, settings=dict(SETTINGS, check_mode=True))
     assert read_report("deploy", check, read, "t") == [
         "would restart t: release switched to r2; running release r1 is not current r2"]

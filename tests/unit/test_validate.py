@@ -243,3 +243,27 @@ def test_default_places_in_messages_are_the_role_defaults():
         defaults = yaml.safe_load(fh)
     for name, place in v._DEFAULT_PLACES.items():
         assert defaults[name] == place, name
+
+
+@pytest.mark.parametrize("run, variables, want", [
+    ("main", dict(trainer_force_restart="yes"), dict(intent=dict(entry="deploy", release="r9", force=True),
+                                                      installs=True, enable=False)),
+    ("main", {}, dict(intent=dict(entry="deploy", release="r9", force=False), installs=True, enable=False)),
+    ("restart", {}, dict(intent=dict(entry="restart"), installs=False, enable=False)),
+    ("rollback", dict(trainer_rollback_release="r1"), dict(intent=dict(entry="rollback", rollback_release="r1"),
+                                                            installs=False, enable=False)),
+    ("rollback", dict(trainer_rollback_release=None), dict(intent=dict(entry="rollback", rollback_release=""),
+                                                            installs=False, enable=False)),
+    ("start", {}, dict(intent=dict(entry="start"), installs=False, enable=True)),
+    ("start", dict(trainer_unit_enabled=False), dict(intent=dict(entry="start"), installs=False, enable=False)),
+    ("stop", dict(trainer_stop_disable="true"), dict(intent=dict(entry="stop", disable=True), installs=False,
+                                                      enable=False)),
+])
+def test_each_entry_point_that_runs_says_what_its_first_read_plans_for(run, variables, want):
+    assert v.run_intent(run, variables, release="r9") == want
+    assert v.RUNS[run][0] in v.ENTRIES  # the input check it takes
+
+
+def test_an_unknown_run_is_refused():
+    with pytest.raises(ValueError, match="run must be one of"):
+        v.run_intent("deploy", {})

@@ -26,7 +26,6 @@ from ansible_collections.dflash.trainer.plugins.module_utils.plan import first_r
 from ansible_collections.dflash.trainer.plugins.module_utils.plan import status as _status
 from ansible_collections.dflash.trainer.plugins.module_utils.job import start as _job_start
 from ansible_collections.dflash.trainer.plugins.module_utils.job.state import outcome_words
-from ansible_collections.dflash.trainer.plugins.modules import trainer_plan
 
 
 class Clock(object):
@@ -273,17 +272,17 @@ def test_status_waits_for_an_interrupted_plays_job_then_says_what_it_did(tmp_pat
     path = str(tmp_path / "restart.json")
     job = dict(job_id="j1", phase="proving", pid=1, owner="alice", started_at="t")
     job_state(path, **job)
-    monkeypatch.setattr(trainer_plan, "job_alive", lambda state: not state.get("done"))
+    monkeypatch.setattr(_begin, "job_alive", lambda state: not state.get("done"))
     clock = Clock()
-    words = trainer_plan.wait_for_job(path, job, 0, clock=clock, sleep=clock.sleep)
-    assert words == "waited for " + trainer_plan.outcome_words(job) and clock.slept == []
+    words = _begin.wait_for_job(path, job, 0, clock=clock, sleep=clock.sleep)
+    assert words == "waited for " + _begin.outcome_words(job) and clock.slept == []
 
     def finish(t):
         if t >= 102:
             job_state(path, **dict(job, done=True, result={"ok": True, "msg": "proved"}))
     clock.on_sleep = finish
-    words = trainer_plan.wait_for_job(path, job, 1800, clock=clock, sleep=clock.sleep)
-    assert clock.slept == [0.5] * 4 and words == "waited for " + trainer_plan.outcome_words(
+    words = _begin.wait_for_job(path, job, 1800, clock=clock, sleep=clock.sleep)
+    assert clock.slept == [0.5] * 4 and words == "waited for " + _begin.outcome_words(
         json.load(open(path)))
     assert _begin.job_over("j1")(({"job_id": "j2"}, True), 0).state == DONE  # another job on record
 

@@ -70,7 +70,7 @@ def _plan(entry, release, reasons, status, **kw):
     ``no_op``: nothing at all happens past the first read (its lock is released there)."""
     restart = bool(reasons) and not kw.get("refused")
     plan = dict(entry=entry, release=release, restart=restart, reasons=list(reasons) if restart else [],
-                preflight=restart, upload=False, install=False, stop=False, refused=None,
+                preflight=restart, upload=False, install=False, stop=False, disable=False, refused=None,
                 current=status.get("current_release"), last_good=status.get("last_good"))
     plan.update(kw)
     plan["no_op"] = not (plan["restart"] or plan["upload"] or plan["install"] or plan["stop"] or plan["refused"])
@@ -152,7 +152,11 @@ def steps(plan, install=None, settings=None):
       changes, or the install refuses): the trainer is left running (the first read's report says so);
       install_unit: the install runs then;
     - done: nothing is left past the first read (trainer_plan: the restart it started ended proved
-      within its call, no watch after it)."""
+      within its call, no watch after it);
+    - end: the run ends right after the first read's report (no_op, or done; trainer_plan also ends a run
+      whose install it carried out itself);
+    - job_operation: the job the run starts (trainer_restart's operation): start (a restart) or stop;
+    - would_stop: a stop in check mode says what it would stop (in the first read's report)."""
     settings = settings or {}
     check = bool(settings.get("check_mode"))
     view = bool(settings.get("gpu_host_view"))
@@ -167,7 +171,9 @@ def steps(plan, install=None, settings=None):
         would_restart=check and plan.get("entry") == "deploy" and bool(plan.get("restart")),
         untouched=untouched,
         install_unit=untouched and not check and bool((install or {}).get("changed")),
-        done=False)
+        done=False, end=bool(plan.get("no_op")),
+        job_operation="stop" if plan.get("stop") else "start",
+        would_stop=check and bool(plan.get("stop")))
 
 
 def decide(intent, status, install=None):
@@ -196,7 +202,9 @@ def decide(intent, status, install=None):
         install_only = not reasons and bool(install.get("refused") or install.get("enabled_changed"))
         return _plan(entry, release, reasons, status, upload=current != release, install=install_only)
     if entry == "stop":  # a deliberate stop, whatever runs (recorded, so status reads it as on purpose)
-        return _plan(entry, current, [], status, stop=True)
+        plan = _plan(entry, current, [], status, stop=True, disable=bool(intent.get("disable")))
+        plan["reasons"] = ["stop requested"]  # the job's record of why it ran (no restart)
+        return plan
     if entry == "rollback":
         target = intent.get("rollback_release") or status.get("last_good") or None
         releases = status.get("releases") or []

@@ -9,10 +9,19 @@ so that the read-only status ships neither the lock nor the ownership judges.
 
 from __future__ import annotations
 
-from ansible_collections.dflash.trainer.plugins.module_utils.job.state import job_end
-from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import REFUSE, STALE
+import time
+
+from ansible_collections.dflash.trainer.plugins.module_utils.job.state import (
+    job_alive,
+    job_end,
+    observe_job,
+    outcome_words,
+    read_state,
+)
+from ansible_collections.dflash.trainer.plugins.module_utils.job.lock import REFUSE, STALE, acquire_waiting, release
+from ansible_collections.dflash.trainer.plugins.module_utils.target.install import InstallError, install_all
 from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import KINDS, PROGRAM, observe, problems
-from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import done, waiting
+from ansible_collections.dflash.trainer.plugins.module_utils.job.wait import done, poll_until, waiting
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,14 +116,70 @@ def untouched_words(unit, plan, result):
 def read_report(entry, plan, result, unit):
     """The lines the run shows right after its first read: what the last restart job did, and, for a
     deploy that restarts nothing (it ends here, or only installs: the plan's V(untouched)), that the trainer is
-    left running, for a deploy in check mode (V(would_restart)), what it would restart, for a start that finds it
+    left running, for a deploy in check mode (V(would_restart)), what it would restart, for a stop in check mode
+    (V(would_stop)), what it would stop, for a start that finds it
     running its proved release, that nothing was started - one report."""
     lines = [last_job_words(result)]
     if entry == "deploy" and (plan.get("no_op") or plan.get("untouched")):
         lines.append(untouched_words(unit, plan, result))
     if plan.get("would_restart"):
         lines.append("would restart %s: %s" % (unit, "; ".join(plan.get("reasons") or [])))
+    if plan.get("would_stop"):
+        lines.append("would stop %s (%s, pid %s, release %s)%s" % (
+            unit, result.get("active_state") or "?", "?" if result.get("main_pid") is None else result["main_pid"],
+            result.get("running_release") or "-", " and disable it" if plan.get("disable") else ""))
     if entry == "start" and plan.get("no_op") and plan.get("words"):  # it ends here, nothing started
         lines.append("%s %s (pid %s); nothing was started - left running (a restart: playbooks/restart.yml)"
                      % (unit, plan["words"], result.get("main_pid")))
     return [line for line in lines if line]
+
+
+# ---------------------------------------------------------------------------------------------
+# the module's calls that take the lock and install (trainer_plan's main)
+
+def take_lock(module, lk, state_path):
+    """Take the deploy lock (O(lock)) -> RV(lock); fail the module when it is not taken. A restart
+    job of an earlier (interrupted) play that holds it is waited for (O(lock.job_wait_s)) first."""
+    out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                          wait_s=lk["wait_s"])
+    attached = None
+    job = lock_holder_job(out, read_state(state_path), job_alive) if state_path and not out.ok else None
+    if job is not None:
+        attached = wait_for_job(state_path, job, lk["job_wait_s"])
+        out = acquire_waiting(lk["path"], lk["token"], lk["owner"], lk["stale_s"], lease_s=lk["lease_s"],
+                              wait_s=max(lk["wait_s"], 5))
+    if not out.ok:
+        module.fail_json(lock_holder="nobody", **lock_refusal(out))
+    return lock_taken(out, attached)
+
+
+def wait_for_job(state_path, job, wait_s, clock=time.monotonic, sleep=time.sleep):
+    """Wait (bounded) until the restart job ``job`` (its state, found running) has ended -> words
+    for what it did."""
+    out = poll_until(lambda: observe_job(state_path, alive=job_alive), job_over(job.get("job_id")), wait_s, 0.5,
+                     clock=clock, sleep=sleep, first=(job, True))
+    return "waited for %s" % outcome_words(out.snapshot[0])
+
+
+def compare_install(module, run, systemctl):
+    """What O(install) would change (compared, nothing written) -> (it, its diff); a refusal is said, not raised."""
+    p = module.params
+    try:
+        found = install_all(dict(p["install"], env_content=p["env_content"] or ""), run, systemctl,
+                            check_mode=True, diff=module._diff)
+    except InstallError as e:  # the deploy's install refuses it too, before any write; say it there
+        return dict(e.result, refused=e.msg), None
+    return found, found.pop("diff", None)
+
+
+def install_here(module, run, systemctl, lk):
+    """Install the unit, environment file and launcher (O(install)) -> what changed; the module fails, the lock
+    freed, when the install refuses (before any write)."""
+    p = module.params
+    try:
+        return install_all(dict(p["install"], env_content=p["env_content"] or ""), run, systemctl,
+                           check_mode=False, diff=False)
+    except InstallError as e:
+        release(lk["path"], lk["token"])
+        module.fail_json(msg=e.msg, lock_holder="nobody", **e.result)
+        raise  # not reached: fail_json exits
