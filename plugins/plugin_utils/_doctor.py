@@ -5,10 +5,11 @@
 makes about a node and its container, one check each, read-only.
 
 Two shell scripts ask (``node_script`` on the node over the connection's plain ssh, ``container_script``
-through ``pct exec``); each prints sections ``@@dflash-doctor NAME``, the output, ``@@dflash-doctor-rc NAME
-RC``. ``judge`` reads both raw results (Ansible's ``raw`` results: rc/stdout, or unreachable/msg when the
-transport failed) with the controller's clock around them and returns the checks in order, each
-``{name, mark, detail, remedy}``: mark "✓" holds, "✗" does not (with the remedy), "?" not checked (a check
+through ``pct exec``, the latter only when ``enter`` says so: ``container_answer``); each prints sections
+``@@dflash-doctor NAME``, the output, ``@@dflash-doctor-rc NAME RC``. ``judge`` reads both answers (as Ansible's
+``raw`` results: rc/stdout, or unreachable/msg when the transport failed - the container's made so by
+``answered`` and ``unreachable``) with the controller's clock around the container's and returns the checks in
+order, each ``{name, mark, detail, remedy}``: mark "✓" holds, "✗" does not (with the remedy), "?" not checked (a check
 before it failed, or the node would not say). Pure: the unit test drives it with recorded outputs.
 
 ``record`` (``judged``: with the report) keeps what the node and the container answered (the raw results' fields ``judge`` reads, the
@@ -69,6 +70,17 @@ def container_script(trainer_root="/opt/dflash-trainer", python="/usr/bin/python
         "s smi %s; " % _q(*_nvidia_smi.list_argv(nvidia_smi)),
         "s dev sh -c %s; " % _q(dev), "s df sh -c %s sh %s; " % (_q(df), _q(trainer_root)),
         "s date date +%s.%N; true"])
+
+
+def script(where, **kw):
+    """The shell script that asks the node (WHERE ``node``: vmid, pct_path, sudo, node_nvidia_smi) or the container
+    (WHERE ``container``: trainer_root, python, nvidia_smi); an empty value is its default. The role's node task
+    has it from the filter dflash.trainer.trainer_doctor_script, the trainer_doctor action the container's."""
+    if where == "node":
+        return node_script(kw["vmid"], kw.get("pct_path") or "/usr/sbin/pct", bool(kw.get("sudo")),
+                           kw.get("node_nvidia_smi") or "nvidia-smi")
+    return container_script(kw.get("trainer_root") or "/opt/dflash-trainer", kw.get("python") or "/usr/bin/python3",
+                            kw.get("nvidia_smi") or "nvidia-smi")
 
 
 def sections(stdout):
@@ -387,6 +399,28 @@ def enter(node):
     if node.get("unreachable"):
         return False
     return not _freezer.cgroups(sections(node.get("stdout")).get("cgroup", (None, ""))[1])[1]
+
+
+def container_answer(node, ask):
+    """What the container answered: ``ask()`` (its script run through pct exec, ``answered`` or ``unreachable``)
+    when ``enter(node)``, else no answer at all ({}: what the judge reads and the record keeps of a skipped ask)."""
+    return ask() if enter(node) else {}
+
+
+def answered(executed):
+    """The container's answer from its script's run (rc, stdout, stderr: ActionBase._low_level_execute_command's), as
+    an ``ansible.builtin.raw`` task registered it with ``failed_when: false``: never failed, a non-zero exit
+    status said as raw says it."""
+    out = dict(executed, failed=False)
+    if out.get("rc") not in (0, None):
+        out["msg"] = "non-zero return code"
+    return out
+
+
+def unreachable(msg):
+    """The container's answer when the connection failed (pct exec did not reach it): as the result of a raw task
+    with ``ignore_unreachable`` - ``judge_exec``'s ✗ with MSG, the connection's own words."""
+    return {"unreachable": True, "msg": msg}
 
 
 def exit_code(checks):

@@ -183,6 +183,40 @@ def test_a_frozen_container_is_one_cross_and_is_not_entered():
     assert marks(rep)["cgroup"] == "?" and "would attribute none of its processes" in rep["lines"][5]
 
 
+def test_the_container_is_asked_only_when_the_node_says_enter_and_its_answer_is_a_raw_result():
+    """container_answer: ask() once when ``enter``, never else ({}: what a skipped raw task left the judge); the
+    answer shaped as the raw task registered it (failed_when: false) or its unreachable result."""
+    asked = []
+
+    def ask():
+        asked.append(1)
+        return _doctor.answered({"rc": 0, "stdout": out(**CT), "stderr": ""})
+
+    frozen = {"rc": 0, "stdout": out(**{**NODE, "cgroup": (0, "cgroup /sys/fs/cgroup/lxc/490\nfrozen 1")})}
+    assert _doctor.container_answer(frozen, ask) == {} and _doctor.container_answer({"unreachable": True}, ask) == {}
+    assert asked == []
+    ct = _doctor.container_answer({"rc": 0, "stdout": out(**NODE)}, ask)
+    assert asked == [1] and ct["failed"] is False and "msg" not in ct
+    assert _doctor.answered({"rc": 127, "stdout": "", "stderr": "sh: not found"}) == {
+        "rc": 127, "stdout": "", "stderr": "sh: not found", "failed": False, "msg": "non-zero return code"}
+    assert _doctor.unreachable("Task failed: x") == {"unreachable": True, "msg": "Task failed: x"}
+    assert judge(ct_res=ct)["exit_code"] == 0
+    assert judge(ct_res=_doctor.unreachable("Task failed: gone"))["lines"][6].startswith("✗ pct exec     gone - ")
+
+
+def test_the_script_of_each_place_takes_its_defaults_for_empty_values():
+    from ansible_collections.dflash.trainer.plugins.filter.doctor import trainer_doctor_script
+
+    assert _doctor.script("container", trainer_root="", python=None) == _doctor.container_script() == \
+        trainer_doctor_script("container")
+    assert _doctor.script("container", trainer_root="/r", python="/p", nvidia_smi="/n") == \
+        _doctor.container_script("/r", "/p", "/n")
+    assert _doctor.script("node", vmid="490", pct_path="", sudo=0) == _doctor.node_script("490") == \
+        trainer_doctor_script("node", vmid="490")
+    assert _doctor.script("node", vmid="490", sudo=True) == _doctor.node_script("490", sudo=True) != \
+        _doctor.node_script("490")
+
+
 @pytest.mark.parametrize("nodesmi,mark,words", [
     ((0, "GPU 0: H (UUID: GPU-9)\nGPU 3: H (UUID: GPU-2)\nGPU 5: H (UUID: GPU-1)"), "✓",
      "by UUID: GPU 0 is the node's GPU 5, GPU 1 is the node's GPU 3"),

@@ -108,7 +108,8 @@ def test_restore_skips_a_link_or_a_file_of_another_user(tmp_path):
 
 def test_every_module_run_on_the_target_keeps_its_payload():
     """Each module a task runs on the target has an action plugin with KeptPayload (trainer_validate,
-    trainer_group and trainer_doctor run on the controller only; trainer_release's action sends its module itself)."""
+    trainer_group and trainer_doctor send no module - the doctor's container script goes as raw's command does;
+    trainer_release's action sends its module itself)."""
     sys.path.insert(0, os.path.join(ROOT, "collections"))
     import importlib
 
