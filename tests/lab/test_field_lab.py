@@ -203,7 +203,7 @@ def test_another_tenants_memory_is_not_our_trainers(lab, passthrough, neighbour)
         in out, out[-4000:]
     assert "GPU 0: 60000 MiB held by dflash-trainer in CT %s" % PT in out
     # read twice on the node: by the pre-flight (the stop reuses it) and after the proof
-    assert out.count("TASK [dflash.trainer.trainer : Read the node's GPUs and attribute their memory") == 2, out[-4000:]
+    assert out.count("TASK [dflash.trainer.trainer : Read the node's view of the GPUs") == 2, out[-4000:]
     # the proof's own figure for GPU 7 is the trainer's 30000, the neighbour's 20000 held before the start
     assert re.search(r"7'*: 30000\}", out) and \
         "(not counted for the trainer: GPU 7 20000 MiB held before the start)" in out, out[-3000:]
