@@ -24,13 +24,16 @@ Where each field comes from (per host):
   proof, rolled_back, log_tail, read as `RestartJobResult`, whose fields are keys the job's result declares.
 - log_tail: the restart job's `log_tail` (the failed start's log).
 - status: the last `dflash.trainer.trainer_status` or `trainer_plan` (the first read) result (for a
-  deploy that restarted, the read before the restart; run `status()` for the state afterwards).
+  deploy that restarted, the read before the restart; run `status()` for the state afterwards); status's
+  verdict (a `trainer_status` result with `group_status`) reads nothing and is no read.
+- group: a trainer group's member: the group as a whole, the fact `__trainer_group_status` status's verdict sets.
 - log: `log` of the last trainer_status result that read the log (playbooks/logs.yml).
 - diffs: every task result's `diff` (diff mode: `--diff`), in order, each with its task's name.
 - unreachable: the host's last unrescued failure was `runner_on_unreachable`, or the recap counts it
   `dark`.
 - refused: the host's first failure was a check that runs before any change: the input checks
-  (`dflash.trainer.trainer_validate`, `validate_argument_spec`, an `assert`), the deploy lock not taken
+  (`dflash.trainer.trainer_validate`, `validate_argument_spec`, an `assert`, the read-only entry points' read that
+  checks first - `trainer_status` returned `input_refused`), the deploy lock not taken
   or a plan refused (`trainer_plan` returned `lock_refused` or `plan.refused`), or the restart job not
   started (`trainer_restart` returned `not_started`: a refused pre-flight, a failed install, another
   restart running - reported by the role's fail task after it). A refused host's release is the one
@@ -91,7 +94,7 @@ _RESULT_EVENTS = {
     "runner_item_on_skipped": "skipped",
 }
 
-# the status of a trainer group as a whole (roles/trainer/tasks/status.yml: trainer_status's group verdict, plugin_utils/_group.py's as_one)
+# the status of a trainer group as a whole (roles/trainer/tasks/status.yml: trainer_status's verdict, plugin_utils/_group.py's as_one)
 GROUP_STATUS_FACT = "__trainer_group_status"
 
 
@@ -539,6 +542,8 @@ def _is_refusal(action: str, res: Mapping) -> bool:
     """A failed result of a check that runs before any change (see the module's docstring)."""
     if _is(action, "trainer_validate") or action in _CHECKS:
         return True
+    if _is(action, "trainer_status") and _bool(res.get("input_refused")):  # a read's own input check (check: status)
+        return True
     if _is(action, "trainer_plan") and (_bool(res.get("lock_refused")) or _mapping(res.get("plan")).get("refused")):
         return True
     return _is(action, "trainer_restart") and bool(_bool(res.get("not_started")) or _bool(res.get("preflight_refused")))
@@ -603,7 +608,7 @@ class _HostState:
             self.job_start(kind, res)
         elif _is(action, "trainer_validate") and kind == "ok" and res.get("source") is not None:
             r.source = _str(res.get("source"))  # "": trainer_src is not a git checkout
-        elif (_is(action, "trainer_status") and "group_status" not in res  # (a group's verdict reads nothing)
+        elif (_is(action, "trainer_status") and "group_status" not in res  # (status's verdict reads nothing)
               or _is(action, "trainer_plan")) and kind == "ok":
             r.status = TrainerStatus.from_result(res)
             plan = _mapping(res.get("plan"))

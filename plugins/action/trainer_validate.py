@@ -21,8 +21,8 @@ from ansible.plugins.loader import lookup_loader
 from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import managed
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
-from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUNS, check, run_intent, src_problems
-from ansible_collections.dflash.trainer.plugins.plugin_utils._role_spec import entry_options, spec_failure
+from ansible_collections.dflash.trainer.plugins.plugin_utils._input_check import entry_check
+from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUNS, run_intent, src_problems
 
 
 def describe_source(src):
@@ -53,34 +53,10 @@ def play_lock(token, environ, nodename):
     return token, "%s on %s" % (environ.get("USER") or "root", nodename)
 
 
-# inventory variables the checks read besides trainer_*
-_HOST_VARS = ("proxmox_vmid", "ansible_connection", "inventory_hostname", "groups")
-
-
 class ActionModule(ActionBase):
 
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("entry", "run", "variables", "gpus", "unit", "spec", "lock_token"))
-
-    def _play_variables(self, task_vars):
-        names = [k for k in task_vars if k.startswith("trainer_")] + [k for k in _HOST_VARS if k in task_vars]
-        out = {}
-        for name in names:
-            try:
-                out[name] = self._templar.template(task_vars[name])
-            except AnsibleError as exc:
-                out[name] = None
-                raise AnsibleError("%s cannot be templated: %s" % (name, to_native(exc)))
-        return out
-
-    def _spec_failure(self, entry, variables):
-        """The role's argument spec for ``entry`` over ``variables`` (the play's, templated once by
-        ``_play_variables``: every option of the spec is a trainer_* variable; plugin_utils/_role_spec.py)."""
-        role = getattr(self._task, "_role", None)
-        if role is None:
-            raise AnsibleError("spec: true needs a task of the role (its meta/argument_specs.yml)")
-        options = entry_options(role._role_path, entry)
-        return spec_failure(options, {k: variables[k] for k in options if k in variables})
 
     def _release_id(self, variables, task_vars):
         """The id of the release trainer_src would become, as the role's lookup dflash.trainer.release_id computes
@@ -94,32 +70,31 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         args = self._task.args
         run = args.get("run")
+        if run is not None and run not in RUNS:
+            result.update(failed=True, msg="input check failed: run must be one of %s, not %r" % (", ".join(RUNS), run))
+            return result
         # a run of the role (main.yml): its entry point names the input check's entry, and main's takes the
         # argument spec too (playbooks/deploy.yml imports the role without Ansible's own check task)
-        entry = RUNS[run][0] if run in RUNS else args.get("entry") or "main"
-        try:
-            if run is not None and run not in RUNS:
-                raise ValueError("run must be one of %s, not %r" % (", ".join(RUNS), run))
-            variables = args.get("variables")
-            if variables is None:
-                variables = self._play_variables(task_vars)
-            refused = self._spec_failure(entry, variables) if args.get("spec") or run == "main" else None
-            if refused:
-                result.update(refused)
-                return result
-            problems = check(variables, entry)
+        entry = RUNS[run][0] if run else args.get("entry") or "main"
+
+        def more(variables):
+            """What the deploy's entries check besides check(): the source tree, what the target's reads returned."""
+            found = []
             if entry == "main" and "trainer_src" in variables:
-                problems.extend(src_problems(variables.get("trainer_src"),
-                                             variables.get("trainer_release_excludes") or ()))
+                found.extend(src_problems(variables.get("trainer_src"), variables.get("trainer_release_excludes") or ()))
             if args.get("gpus") is not None or args.get("unit") is not None:
                 unit_path = unit_path_of(variables.get("trainer_unit_name"))
-                problems.extend(target_problems(variables, args.get("gpus"), args.get("unit"), unit_path))
-        except (AnsibleError, ValueError) as exc:
-            result.update(failed=True, msg="input check failed: %s" % to_native(exc))
+                found.extend(target_problems(variables, args.get("gpus"), args.get("unit"), unit_path))
+            return found
+
+        variables, problems, refused = entry_check(self._task, self._templar, task_vars, entry, spec=args.get("spec") or run == "main",
+                                                   variables=args.get("variables"), more=more)
+        if refused:
+            result.update(refused)
             return result
         if entry == "main" and not problems:
             result["source"] = describe_source(variables.get("trainer_src"))
-        if run is not None and not problems:  # what the run's first read plans for
+        if run and not problems:  # what the run's first read plans for
             try:
                 release = self._release_id(variables, task_vars) if run == "main" else None
             except AnsibleError as exc:
@@ -135,8 +110,7 @@ class ActionModule(ActionBase):
             result["lock_token"], result["lock_owner"] = play_lock(args.get("lock_token"), os.environ,
                                                                    os.uname().nodename)
         result["problems"] = [str(p) for p in problems]
-        # a member of a trainer group (trainer_group): its group's play deploys it (tasks/group.yml), status
-        # judges its group as a whole
+        # a member of a trainer group (trainer_group): its group's play deploys it (tasks/group.yml)
         result["in_group"] = bool(variables.get("trainer_group"))
         result["leave_to_group"] = entry == "main" and result["in_group"]
         result["changed"] = False

@@ -81,13 +81,39 @@ options:
         RV(gpus_mib) is V(null) and RV(gpu_error) says why; the task does not fail.
     type: str
     default: nvidia-smi
-  group:
+  check:
     description:
-      - A trainer group judged as a whole from every member's read, registered earlier in the play - nothing is
-        read on the target. V(name) (the group), V(members) (its hosts), V(read) (the name of the variable each
-        member registered this module's read in), V(in_run) (the hosts of this run; a member not among them is not
-        judged). The result is RV(group_status) (also set as the fact C(__trainer_group_status)) and
-        RV(group_failed).
+      - Before reading, run the input check of this entry point of the role on the controller, as
+        M(dflash.trainer.trainer_validate) runs it - V(status), the check of what status, logs and history read, on
+        the play's C(trainer_*) variables, templated. A refused input fails the task with the check's message (RV(input_refused))
+        before anything reaches the target; an accepted one returns RV(in_group).
+      - Handled by the action plugin; the target never sees it. Omit it (a deploy's watch) - no check.
+    type: str
+    choices: [status]
+  spec:
+    description:
+      - With O(check), check the role's argument spec for O(check) first (C(meta/argument_specs.yml)), as Ansible's own
+        validation task would (the same checks and message) - for a playbook that imports the role with
+        C(rolespec_validate=false). Only in a task of the role.
+      - Handled by the action plugin; the target never sees it.
+    type: bool
+    default: false
+  show:
+    description:
+      - Return in RV(lines) what the role's entry point shows of the read - V(log) the start's lines (O(log_lines),
+        O(log_offset)) and why the log could not be read, V(history) the release ledger's entries (O(history)) under
+        a header, and the drift.
+      - Handled by the action plugin; the target never sees it.
+    type: str
+    choices: [log, history]
+  verdict:
+    description:
+      - Status's verdict on this host, from the reads registered earlier in the play - nothing is read on the target.
+        V(read) (the name of the variable this host and every member of its trainer group registered this module's
+        read in), V(group) (its trainer group, an inventory group; empty - not a member), V(in_run) (the hosts of this
+        run; a member not among them is not judged, nor is its group). The result is RV(ok), RV(failure), RV(lines),
+        RV(group_status) (also set as the fact C(__trainer_group_status)) and RV(group_failed); O(unit) names the
+        trainer in RV(failure).
       - Handled by the action plugin; the target never sees it.
     type: dict
 attributes:
@@ -117,14 +143,52 @@ as_expected:
   description: The trainer runs its proved release healthily, or was stopped on purpose (RV(health)) - the action's.
   returned: when RV(health) is read
   type: bool
+in_group:
+  description: With O(check), whether the host is a member of a trainer group (C(trainer_group) set) - status judges
+    its group as a whole (O(verdict)).
+  returned: with O(check), when the inputs are accepted
+  type: bool
+  sample: false
+input_refused:
+  description: With O(check), the input check refused the inputs - the task failed with its message (C(msg)) before
+    anything reached the target.
+  returned: with O(check), when the inputs are refused
+  type: bool
+  sample: true
+problems:
+  description: With O(check), the problems the input check found, each naming the variable, the value and what is
+    accepted.
+  returned: with O(check), when the collection's checks refused the inputs
+  type: list
+  elements: str
+lines:
+  description: With O(show), the lines the role's entry point shows of the read; with O(verdict), what status shows
+    of this host - the unit, the releases (drift), GPU memory, the last restart job, the last progress, the health,
+    and for a member of a trainer group the group's words.
+  returned: with O(show) or O(verdict)
+  type: list
+  elements: str
+  sample: ["unit dflash-trainer: active/running, pid 4242, up 3600.5 s, restarts 0", "health: running release ..."]
+ok:
+  description: With O(verdict), the trainer runs its proved release healthily or was stopped on purpose (RV(as_expected)
+    of its read), and its trainer group, if any, was not found to be other than one proved job.
+  returned: with O(verdict)
+  type: bool
+failure:
+  description: With O(verdict), the message status fails with when not RV(ok) - the host's own (C(<unit> is not
+    running its proved release healthily), then its health's words) first, else the group's words; V(null) when
+    RV(ok).
+  returned: with O(verdict)
+  type: str
 group_status:
-  description: With O(group), whether the group runs as one proved job - V(ok) (V(null) when not judged, a member
-    not read in this run), V(words), V(members) (those that do not, or were not read).
-  returned: with O(group)
+  description: With O(verdict), for a member of a trainer group, whether the group runs as one proved job - V(ok)
+    (V(null) when not judged, a member not read in this run), V(words), V(members) (those that do not, or were not
+    read); V(null) for a host that is no member.
+  returned: with O(verdict)
   type: dict
 group_failed:
-  description: With O(group), the group was judged and does not run as one proved job.
-  returned: with O(group)
+  description: With O(verdict), the host's group was judged and does not run as one proved job.
+  returned: with O(verdict)
   type: bool
 log:
   description:
@@ -356,7 +420,10 @@ def main():
             log_offset=dict(type="int"),
             log_inode=dict(type="int"),
             log_wait_s=dict(type="float", default=0),
-            group=dict(type="dict"),
+            check=dict(type="str", choices=["status"]),
+            spec=dict(type="bool", default=False),
+            show=dict(type="str", choices=["log", "history"]),
+            verdict=dict(type="dict"),
         ),
         required_together=[("log_offset", "log_inode")],
         supports_check_mode=True,

@@ -412,3 +412,52 @@ def test_a_trainer_groups_status_as_a_whole_is_read_and_described():
     assert h.group == {"ok": False, "words": words, "members": ["g1"]}
     assert "  " + words in describe(build_run_result(evs)).splitlines()
     assert HostResult.from_dict(json.loads(json.dumps(h.to_dict()))).group == h.group
+
+
+def _status_run(host, read_res, verdict_res, fail_msg=None):
+    """The events of playbooks/status.yml on one host, of the role's tasks as they are now: the read (which checks the
+    inputs first), status's verdict (a trainer_status result with group_status, reading nothing), the show, the fail."""
+    def ev(name, task, action, res):
+        return {"event": name, "event_data": {"host": host, "task": task, "resolved_action": action, "res": res}}
+    evs = [ev("runner_on_ok", "Read the trainer's state", "dflash.trainer.trainer_status", read_res),
+           ev("runner_on_ok", "Judge the trainer and its group", "dflash.trainer.trainer_status", verdict_res),
+           ev("runner_on_ok", "Show the trainer's state", "ansible.builtin.debug", {"msg": verdict_res["lines"]})]
+    fail = "Fail unless the trainer runs its proved release healthily"
+    if fail_msg is None:
+        evs.append(ev("runner_on_skipped", fail, "ansible.builtin.fail", {"skipped": True}))
+    else:
+        evs.append(ev("runner_on_failed", fail, "ansible.builtin.fail", {"failed": True, "msg": fail_msg}))
+    evs.append({"event": "playbook_on_stats", "event_data": {"ok": {host: 3}, "failures": {host: 1} if fail_msg else {}}})
+    return evs
+
+
+def test_status_read_with_its_own_check_and_its_verdict_the_api_reads_the_read_and_the_group():
+    """Status's verdict task (a trainer_status result carrying group_status - null for a host of no group) is no read:
+    the status is the read's; a member's group is the fact the verdict sets; the one fail task's message is the
+    reason; a read refused by its own input check (input_refused) is a refusal, exit 2, any other failed read 1."""
+    read = {"running": True, "active_state": "active", "running_release": "r1", "current_release": "r1",
+            "last_good": "r1", "health": {"ok": True, "words": "running release r1"}, "as_expected": True,
+            "in_group": False, "changed": False}
+    alone = {"ok": True, "failure": None, "lines": ["unit u: active/running", "health: running release r1"],
+             "group_status": None, "group_failed": False, "changed": False}
+    h = build_run_result(_status_run("h", read, alone)).hosts["h"]
+    assert h.ok and h.exit_code == 0 and h.verdict("status") == "healthy"
+    assert h.status.running_release == "r1" and h.status.health["ok"] is True and h.group is None
+    words = "trainer group tg: not proved as one - g1: runs r0"
+    group = {"ok": False, "words": words, "members": ["g1"]}
+    member = dict(alone, ok=False, failure=words, lines=alone["lines"] + [words], group_status=group,
+                  group_failed=True, ansible_facts={"__trainer_group_status": group})
+    g = build_run_result(_status_run("g0", dict(read, in_group=True), member, fail_msg=words)).hosts["g0"]
+    assert not g.ok and g.exit_code == 1 and not g.refused and g.verdict("status") == "unhealthy"
+    assert (g.failed_task, g.reason) == ("Fail unless the trainer runs its proved release healthily", words)
+    assert g.group == group and g.status.running_release == "r1"
+    refused = {"failed": True, "changed": False, "input_refused": True, "problems": ["trainer_root: ..."],
+               "msg": "Refused before anything changed: trainer_root is a relative path"}
+    evs = [{"event": "runner_on_failed", "event_data": {
+        "host": "h", "task": "Read the trainer's state", "resolved_action": "dflash.trainer.trainer_status",
+        "res": refused}}, {"event": "playbook_on_stats", "event_data": {"failures": {"h": 1}}}]
+    r = build_run_result(evs).hosts["h"]
+    assert r.refused and r.exit_code == 2 and r.verdict("status") == "refused" and r.reason == refused["msg"]
+    del evs[0]["event_data"]["res"]["input_refused"]  # a read that failed on the target
+    r = build_run_result(evs).hosts["h"]
+    assert not r.refused and r.exit_code == 1

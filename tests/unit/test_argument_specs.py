@@ -9,7 +9,7 @@ anchors, merged with ``<<:``). These tests hold it to two facts:
   through ``include_tasks``, a file chosen by a variable included too), in ``vars/main.yml``'s
   internal variables they use, in the unit template - is in that entry point's spec, so role
   argument validation types it and ``ansible-doc -t role`` lists it; and the spec of a read-only
-  entry point (status, history, logs: ``trainer_validate entry=status``, which checks only what a
+  entry point (status, history, logs: ``trainer_status check=status``, which checks only what a
   read uses) lists no variable it never reads. (deploy, restart and rollback validate every
   ``trainer_*`` variable of the play, so their specs may type more than their task files read.)
 
@@ -124,9 +124,9 @@ def default_problems(specs, defaults):
 
 
 def read_only(entry):
-    """Whether the entry point's input check is the read-only one (``trainer_validate entry=status``)."""
-    checks = [t for t in _tasks(load("tasks", entry + ".yml")) if "dflash.trainer.trainer_validate" in t]
-    return any(t["dflash.trainer.trainer_validate"].get("entry") == "status" for t in checks)
+    """Whether the entry point's input check is the read-only one (its read's own: ``trainer_status check=status``)."""
+    reads = [t for t in _tasks(load("tasks", entry + ".yml")) if "dflash.trainer.trainer_status" in t]
+    return any(t["dflash.trainer.trainer_status"].get("check") == "status" for t in reads)
 
 
 def coverage_problems(specs, defaults, used, strict=None):
