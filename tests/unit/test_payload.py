@@ -129,7 +129,7 @@ def test_the_job_state_file_has_one_owner():
     """Readers and the writer of restart.json meet in job.state, which needs nothing of the cycle,
     and every judge of whether a job ended asks its job_end."""
     assert closure_of(os.path.join(UTILS, "job/state.py")) <= {"target.private_file"}
-    assert "job.state" in imported_utils(os.path.join(MODULES, "trainer_plan.py"))
+    assert "job.state" in imported_utils(os.path.join(UTILS, "plan/first_read.py"))  # trainer_plan waits for a job
     assert "job.state" in imported_utils(os.path.join(UTILS, "job/start.py"))  # trainer_restart's and begin's start
     assert "job.state" in imported_utils(os.path.join(UTILS, "plan/status_read.py"))  # trainer_status's read
     assert "job.state" in imported_utils(os.path.join(UTILS, "plan/status.py"))
