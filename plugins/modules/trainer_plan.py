@@ -46,6 +46,11 @@ options:
           play decides for the whole group).
         type: bool
         default: false
+      disable:
+        description: A stop's - disable the unit after the stop (the role's C(trainer_stop_disable)); the plan carries
+          it to the stop job (V(disable)) and says it in check mode's report.
+        type: bool
+        default: false
   unit:
     description: The trainer's systemd unit.
     type: str

@@ -70,6 +70,7 @@ def run_intent(run, v, release=None):
     return dict(intent=intent, installs=entry == "deploy",
                 enable=entry == "start" and boolean(True if enabled is None else enabled, strict=False))
 
+
 # Characters a path may hold: it reaches a unit file, an EnvironmentFile and argv lists; a space,
 # a quote, `;`, `$`, `%` (a systemd specifier) or a control character is always a typo here.
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._+@=:,/-]*$")

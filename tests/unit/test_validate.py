@@ -245,19 +245,19 @@ def test_default_places_in_messages_are_the_role_defaults():
         assert defaults[name] == place, name
 
 
+NO_JOB_FLAGS = dict(installs=False, enable=False)
+
+
 @pytest.mark.parametrize("run, variables, want", [
-    ("main", dict(trainer_force_restart="yes"), dict(intent=dict(entry="deploy", release="r9", force=True),
-                                                      installs=True, enable=False)),
+    ("main", dict(trainer_force_restart="yes"),
+     dict(intent=dict(entry="deploy", release="r9", force=True), installs=True, enable=False)),
     ("main", {}, dict(intent=dict(entry="deploy", release="r9", force=False), installs=True, enable=False)),
-    ("restart", {}, dict(intent=dict(entry="restart"), installs=False, enable=False)),
-    ("rollback", dict(trainer_rollback_release="r1"), dict(intent=dict(entry="rollback", rollback_release="r1"),
-                                                            installs=False, enable=False)),
-    ("rollback", dict(trainer_rollback_release=None), dict(intent=dict(entry="rollback", rollback_release=""),
-                                                            installs=False, enable=False)),
+    ("restart", {}, dict(NO_JOB_FLAGS, intent=dict(entry="restart"))),
+    ("rollback", dict(trainer_rollback_release="r1"), dict(NO_JOB_FLAGS, intent=dict(entry="rollback", rollback_release="r1"))),
+    ("rollback", dict(trainer_rollback_release=None), dict(NO_JOB_FLAGS, intent=dict(entry="rollback", rollback_release=""))),
     ("start", {}, dict(intent=dict(entry="start"), installs=False, enable=True)),
-    ("start", dict(trainer_unit_enabled=False), dict(intent=dict(entry="start"), installs=False, enable=False)),
-    ("stop", dict(trainer_stop_disable="true"), dict(intent=dict(entry="stop", disable=True), installs=False,
-                                                      enable=False)),
+    ("start", dict(trainer_unit_enabled=False), dict(NO_JOB_FLAGS, intent=dict(entry="start"))),
+    ("stop", dict(trainer_stop_disable="true"), dict(NO_JOB_FLAGS, intent=dict(entry="stop", disable=True))),
 ])
 def test_each_entry_point_that_runs_says_what_its_first_read_plans_for(run, variables, want):
     assert v.run_intent(run, variables, release="r9") == want

@@ -32,7 +32,7 @@ RESTART_OPTIONS = dict(
     operation=dict(type="str", choices=["start", "run", "wait", "stop", "preflight", "check", "good"], default="start"),
     job_id=dict(type="str"),
     begun=dict(type="dict"),
-    kind=dict(type="str", choices=["restart", "stop"], default="restart"),
+    kind=dict(type="str", choices=["restart", "start", "stop"], default="restart"),
     state_path=dict(type="path", default="/var/lib/dflash-trainer/restart.json"),
     wait_s=dict(type="float"),
     seen=dict(type="int"),
