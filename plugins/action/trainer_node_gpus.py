@@ -25,6 +25,7 @@ from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible_collections.dflash.trainer.plugins.plugin_utils._node_program import problem, script
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 
+
 class ActionModule(KeptPayload, NormalAction):
     """dflash.trainer.trainer_node_gpus, run as ansible.builtin.normal runs a module - once its Python is judged."""
 

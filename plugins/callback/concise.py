@@ -48,7 +48,8 @@ SPEAKING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
 
 
 # The collection's actions whose answer may carry words to say (``msg``, with ``_ansible_verbose_always``: a trainer
-# group's plan or verdict, registered whole; the doctor's report; the node's view of the GPUs; a watch's words): the words are shown alone, as ansible.builtin.debug's msg is.
+# group's plan or verdict, registered whole; the doctor's report; the node's view of the GPUs; a watch's words): the
+# words are shown alone, as ansible.builtin.debug's msg is.
 SAYING_ACTIONS = frozenset("dflash.trainer.%s" % name for name in (
     "trainer_group", "trainer_doctor",
     "trainer_node_gpus",  # who holds the trainer's GPUs, as the node sees it
