@@ -83,7 +83,8 @@ def test_refusals_are_read_from_the_modules_flags():
     assert refused.refused and not refused.rolled_back and not refused.restarted and not refused.unreachable
     running = current("deploy_preflight_refused")
     assert (refused.release, refused.previous_release) == (running, running)
-    assert refused.failed_task.startswith("Fail with the reason") and refused.reason.startswith(
+    # the watch of a job that never started fails with the start call's reason (nothing was watched)
+    assert refused.failed_task.startswith("Watch the restart job") and refused.reason.startswith(
         "pre-flight refused the release (the running trainer is untouched): trainer_preflight_command exited")
     lock = build_run_result(events("deploy_lock_held"), rc=2, status="failed").hosts["gpu-host"]
     assert lock.refused and lock.reason.startswith("another deploy holds /run/dflash-trainer.deploy.lock: ")

@@ -178,9 +178,12 @@ def test_no_host_matched_is_not_ok():
     assert "no host was processed" in describe(r)
 
 
-def _job_event(evs):
-    return [e for e in evs if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_restart"
-            and e["event_data"].get("res", {}).get("finished")][-1]
+def _job_events(evs):
+    """The events of the restart job's calls that saw it end (each carries its result)."""
+    found = [e for e in evs if e["event_data"].get("resolved_action") == "dflash.trainer.trainer_restart"
+             and e["event_data"].get("res", {}).get("finished")]
+    assert found
+    return found
 
 
 @pytest.mark.parametrize("mutate", [
@@ -193,7 +196,8 @@ def _job_event(evs):
 ])
 def test_missing_or_malformed_keys_do_not_raise(mutate):
     evs = events("deploy_restarted_proved")
-    mutate(_job_event(evs))
+    for job in _job_events(evs):  # the call that started the job and the watch, when the job ended within the first
+        mutate(job)
     r = build_run_result(evs + [None, "junk", {"event": "runner_on_ok"}], rc=0, status="successful")
     h = r.hosts["gpu-host"]
     assert h.ok
