@@ -20,6 +20,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import managed
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import barrier_first
 from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import check, src_problems
 from ansible_collections.dflash.trainer.plugins.plugin_utils._role_spec import entry_options, spec_failure
 
@@ -59,7 +60,7 @@ _HOST_VARS = ("proxmox_vmid", "ansible_connection", "inventory_hostname", "group
 class ActionModule(ActionBase):
 
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit", "spec", "lock_token"))
+    _VALID_ARGS = frozenset(("entry", "variables", "gpus", "unit", "spec", "lock_token", "group_barrier"))
 
     def _play_variables(self, task_vars):
         names = [k for k in task_vars if k.startswith("trainer_")] + [k for k in _HOST_VARS if k in task_vars]
@@ -123,4 +124,6 @@ class ActionModule(ActionBase):
         if problems:
             result["failed"] = True
             result["msg"] = message(problems, entry)
-        return result
+            return result
+        # a trainer group's member, its inputs accepted: the group whole in this run (plugin_utils/_group.py)
+        return dict(result, **(barrier_first(self, task_vars) or {}))

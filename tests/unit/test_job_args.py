@@ -37,7 +37,7 @@ def _restart_tasks():
 
 def test_every_call_that_starts_a_job_takes_the_job_settings_whole_and_writes_none_again():
     job, calls = _job_args(), _restart_tasks()
-    assert {f for f, _a in calls} == {"run.yml", "group_job.yml", "stop.yml", "group.yml"}, calls
+    assert {f for f, _a in calls} == {"run.yml", "stop.yml", "group.yml"}, calls
     for name, args in calls:
         assert args.get("job") == "{{ __trainer_job_args }}", name
         # what a call names beside the job is what differs for it: never a setting copied with the same value

@@ -66,7 +66,7 @@ def test_every_setting_has_a_role_default_equal_to_the_judges_and_a_typed_spec_e
 def test_the_role_passes_every_setting_in_one_dict_and_none_on_its_own():
     calls = restart_calls()
     proving = [(f, a) for f, a in calls if a.get("operation", "start") == "start"]
-    assert {f for f, _a in proving} == {"run.yml", "group_job.yml"}, calls
+    assert {f for f, _a in proving} == {"run.yml", "group.yml"}, calls
     job = load("vars", "main.yml")["__trainer_job_args"]
     for f, args in proving:  # the job's settings carry the proof's, or the call names its own
         proof = args.get("proof") or (job["proof"] if args.get("job") == "{{ __trainer_job_args }}" else "")
