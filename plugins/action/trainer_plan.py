@@ -9,6 +9,7 @@ from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
 
 from ansible_collections.dflash.trainer.plugins.plugin_utils._freezer import frozen_checked
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import barrier_first
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 from ansible_collections.dflash.trainer.plugins.plugin_utils._watch import outcome, say_start
 
@@ -24,6 +25,9 @@ class ActionModule(KeptPayload, NormalAction):
     fails at once, naming the freeze, when the container is frozen (the pct connection's frozen_check)."""
 
     def run(self, tmp=None, task_vars=None):
+        judged = barrier_first(self, task_vars)  # a trainer group's barrier, before anything (plugin_utils/_group.py)
+        if judged is not None:
+            return judged
         # the deploy's first contact: a frozen container is named, not waited for (connection dflash.trainer.pct)
         with frozen_checked(self._connection):
             result = super().run(tmp, task_vars)

@@ -36,6 +36,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
 
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import run_judged
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group_hold import run_held
 from ansible_collections.dflash.trainer.plugins.plugin_utils._job_spec import with_job
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
@@ -48,7 +49,9 @@ class ActionModule(KeptPayload, NormalAction):
     """dflash.trainer.trainer_restart, run as ansible.builtin.normal runs a module; a watch to the end."""
 
     def run(self, tmp=None, task_vars=None):
-        return run_held(self, self._run, tmp, task_vars, display)
+        # a trainer group's barrier or verdict first (plugin_utils/_group.py), then its hold
+        return run_judged(self, lambda tmp, task_vars: run_held(self, self._run, tmp, task_vars, display), tmp,
+                          task_vars, display)
 
     def _run(self, tmp=None, task_vars=None):
         try:

@@ -21,6 +21,7 @@ from ansible.plugins.loader import lookup_loader
 from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import managed
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
+from ansible_collections.dflash.trainer.plugins.plugin_utils._group import barrier_first
 from ansible_collections.dflash.trainer.plugins.plugin_utils._input_check import entry_check
 from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUNS, run_intent, src_problems
 
@@ -56,7 +57,7 @@ def play_lock(token, environ, nodename):
 class ActionModule(ActionBase):
 
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("entry", "run", "variables", "gpus", "unit", "spec", "lock_token"))
+    _VALID_ARGS = frozenset(("entry", "run", "variables", "gpus", "unit", "spec", "lock_token", "group_barrier"))
 
     def _release_id(self, variables, task_vars):
         """The id of the release trainer_src would become, as the role's lookup dflash.trainer.release_id computes
@@ -117,4 +118,6 @@ class ActionModule(ActionBase):
         if problems:
             result["failed"] = True
             result["msg"] = message(problems, entry)
-        return result
+            return result
+        # a trainer group's member, its inputs accepted: the group whole in this run (plugin_utils/_group.py)
+        return dict(result, **(barrier_first(self, task_vars) or {}))

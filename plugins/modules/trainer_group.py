@@ -11,9 +11,13 @@ short_description: Decide a trainer group's next step from what every member reg
 description:
   - A trainer group (the hosts of one distributed job, C(trainer_group)) runs each phase as one task on every
     member at once. This action, on the controller, judges from what every member registered whether the group
-    goes on, and returns the group's plan or verdict for the role's tasks to carry out.
-  - It fails by itself, with the words, where the group stops - a member outside this run, a phase one member
-    failed (a barrier), a refused plan - so every member stops together.
+    goes on, and returns the group's plan for the role's tasks to carry out.
+  - It fails by itself, with the words, where the group stops - a host astray from its group, a phase one member
+    failed (a barrier), a refused plan, a failed restart, a member that did not stay up - so every member stops
+    together.
+  - The other barriers between the group's phases, the group whole in this run, every member's job proved and the
+    group's verdict are judged by the task that follows them (C(group_barrier) of M(dflash.trainer.trainer_validate),
+    M(dflash.trainer.trainer_plan), M(dflash.trainer.trainer_install) and M(dflash.trainer.trainer_restart)).
   - The action plugin reads the play's C(hostvars), C(groups) and hosts in the run; no remote call.
 author:
   - dflash.trainer maintainers (@dflash)
@@ -24,15 +28,14 @@ options:
       - V(stray) - a host whose own C(trainer_group) is empty but one of whose inventory groups is a trainer group
         (deployed alone it would restart one rank of the job) is refused; RV(alone) says whether the host is
         deployed outside any group.
-      - V(whole) - every member of the group is in this run (and names the group); refused otherwise.
-      - V(barrier) - every member passed the phase it registered as O(results).
-      - V(plan) - the barrier over the first read (O(results)), then the group's plan from every member's own.
-      - V(jobs) - the barrier over the lock taken back after the members' jobs (O(results)), then each member's
-        job outcome and whether every member's job proved it (RV(check)).
-      - V(verdict) - whether the group's O(job) was proved (every member's job and check), and what follows.
+      - V(plan) - the barrier over the first read (O(results)), then the group's plan from every member's own; its
+        words are this member's first read's report (C(report)) and what the plan says (RV(words)).
+      - V(end) - the end of the group's restart - the run fails saying what runs now when the group's verdict
+        (C(__trainer_group_done), M(dflash.trainer.trainer_restart)'s with C(group_barrier)) failed it, else the
+        barrier over O(results) (the watch after the group's proof, O(health)).
     type: str
     required: true
-    choices: [stray, whole, barrier, plan, jobs, verdict]
+    choices: [stray, plan, end]
   results:
     description: The variable every member registered for the phase judged (a barrier); none - no barrier.
     type: str
@@ -46,11 +49,6 @@ options:
     description: The phase is trainer_status's watch, which fails a member whose trainer was not healthy.
     type: bool
     default: false
-  job:
-    description: With O(kind=verdict), the job judged.
-    type: str
-    choices: [restart, rollback]
-    default: restart
   lock_token:
     description: With O(kind=plan), the play's deploy lock token, the first part of each member's job ids.
     type: str
@@ -61,12 +59,13 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Barrier - every member has the release
+- name: Plan the group from every member's plan (the same answer on every member)
   dflash.trainer.trainer_group:
-    kind: barrier
-    results: __trainer_release
-    phase: the upload
-    then: nothing was stopped on any member
+    kind: plan
+    results: __trainer_status_before
+    phase: the first read
+    then: nothing was changed on any member
+  register: __trainer_group_plan
 """
 
 RETURN = r"""
@@ -76,16 +75,16 @@ alone:
   type: bool
 refused:
   description: Why the group may not be deployed; null when it may.
-  returned: kind is stray, whole or plan
+  returned: kind is stray or plan
   type: str
 barrier:
   description: The barrier's answer (C(failed), C(words), C(members) - those that failed).
   returned: results is given
   type: dict
 restart:
-  description: With O(kind=plan), whether the group restarts; with O(kind=verdict), the restart's verdict.
-  returned: kind is plan or verdict
-  type: raw
+  description: With O(kind=plan), whether the group restarts.
+  returned: kind is plan
+  type: bool
 upload_here:
   description: With O(kind=plan), whether this member lacks the release.
   returned: kind is plan
@@ -104,32 +103,8 @@ says:
   returned: kind is plan
   type: bool
 words:
-  description: What the plan or verdict says.
-  returned: kind is plan or verdict
-  type: str
-check:
-  description: With O(kind=jobs), whether every member's job proved it (every member is then checked again).
-  returned: kind is jobs
-  type: bool
-outcome:
-  description: With O(kind=jobs), this member's job outcome (its watch's, else the call that started it).
-  returned: kind is jobs
-  type: dict
-ok:
-  description: With O(kind=verdict), whether every member's job was proved.
-  returned: kind is verdict
-  type: bool
-good:
-  description: With O(kind=verdict), whether what every member's job proved is marked good.
-  returned: kind is verdict
-  type: bool
-fail:
-  description: With O(kind=verdict), whether the run fails, saying RV(failure).
-  returned: kind is verdict
-  type: bool
-failure:
-  description: With O(kind=verdict), what a failed group restart ends with, in words (what runs now).
-  returned: kind is verdict
+  description: What the plan says.
+  returned: kind is plan
   type: str
 """
 
@@ -139,12 +114,11 @@ from ansible.module_utils.basic import AnsibleModule
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            kind=dict(type="str", required=True, choices=["stray", "whole", "barrier", "plan", "jobs", "verdict"]),
+            kind=dict(type="str", required=True, choices=["stray", "plan", "end"]),
             results=dict(type="str"),
             phase=dict(type="str"),
             then=dict(type="str"),
             health=dict(type="bool", default=False),
-            job=dict(type="str", default="restart", choices=["restart", "rollback"]),
             lock_token=dict(type="str", no_log=False),
         ),
         supports_check_mode=True,

@@ -23,6 +23,7 @@ author:
 version_added: 0.1.0
 extends_documentation_fragment:
   - dflash.trainer.install_files.files
+  - dflash.trainer.group_barrier
 options:
   env_content:
     description: The EnvironmentFile (secret).
@@ -76,7 +77,7 @@ from ansible_collections.dflash.trainer.plugins.module_utils.target.command impo
 
 
 def main():
-    module = AnsibleModule(argument_spec=INSTALL_OPTIONS, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=dict(INSTALL_OPTIONS, group_barrier=dict(type="dict")), supports_check_mode=True)
     systemctl = module.get_bin_path("systemctl", required=True)
     try:
         result = install_all(module.params, ModuleRunner(module), systemctl, check_mode=module.check_mode,

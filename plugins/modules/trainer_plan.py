@@ -20,6 +20,7 @@ description:
     the plan is made from what it left.
 extends_documentation_fragment:
   - dflash.trainer.install_files
+  - dflash.trainer.group_barrier
 options:
   intent:
     description: What the run was asked to do.
@@ -296,7 +297,7 @@ def start_job(module, plan, p, run):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            READ_OPTIONS,
+            READ_OPTIONS, group_barrier=dict(type="dict"),  # group_barrier: the action's own (plugin_utils/_group.py)
             intent=dict(type="dict", required=True, options=dict(
                 entry=dict(type="str", choices=list(ENTRIES), required=True),
                 release=dict(type="str"),

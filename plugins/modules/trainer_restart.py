@@ -40,6 +40,7 @@ author:
 version_added: 0.1.0
 extends_documentation_fragment:
   - dflash.trainer.group_hold
+  - dflash.trainer.group_barrier
   - dflash.trainer.log_patterns
   - dflash.trainer.install_files
 options:

@@ -63,6 +63,8 @@ options:
         (the earlier run's RV(lock_token)), so that the play's runs share one token. Without it, a new token.
       - Only the action plugin returns it (not for O(entry=status)); ignored by the module itself.
     type: str
+extends_documentation_fragment:
+  - dflash.trainer.group_barrier
 notes:
   - Runs on the controller only (action plugin); nothing is sent to the target.
 """

@@ -5,14 +5,27 @@
 
 The role's group flow (roles/trainer/tasks/group.yml) runs every member in one batch of one play;
 each phase is one task on every member at once (Ansible's linear strategy runs a task on every host
-before the next), registered, and a barrier after it: these pure functions judge, from what every
+before the next), registered, and a barrier before the next: these pure functions judge, from what every
 member registered, whether the group may go on (``barrier``), what the group does (``group_plan``:
 made once from every member's own plan) and whether the group's restart was proved (``verdict``).
 Every member computes the same answer from the same registered results, so no host coordinates. The role asks
-through the trainer_group action (plugins/action/trainer_group.py), which registers the answers - with what each
-member does of the plan (``member_plan``) and what follows a verdict (``after_job``) - and fails by itself where
-the group stops; the role's `when:`s only read those fields.
+through the trainer_group action (plugins/action/trainer_group.py), which registers the group's plan - with what
+each member does of it (``member_plan``) - and fails by itself where the group stops; the role's `when:`s only read
+those fields.
+
+A barrier is no task of its own: it is judged at the top of the next phase's task, by that task's action
+(``group_barrier``, the controller's own option: ``judged``, pure, and ``barrier_first`` / ``run_judged`` for the
+actions), before it does anything on its member - every member judges the same registered results, so all go on or
+all fail there, with the barrier's words, whatever that task ignores of its own failures. The same option folds the
+group's other judgements into the task that carries them out: the group whole in this run (the input check), every
+member's job proved (the check that follows it), the group's verdict (the task that marks what was proved good: it
+registers what follows the verdict - ``after_job``).
 """
+from __future__ import annotations
+
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.dflash.trainer.plugins.module_utils.plan.decide import last_ran
 
 
 def _failure(result, health=False):
@@ -248,3 +261,199 @@ def after_job(job, judged, rollback_release, restart=None, watch_s=0):
     out["fail"] = out["stop"]  # a rollback's own answer fails the run once it ended
     out["failure"] = failure_words(judged, rollback_release) if out["stop"] else ""
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# group_barrier: a barrier (or another of the group's judgements) folded into the task that follows it
+
+BARRIER_OPTION = "group_barrier"
+BARRIER_KEYS = frozenset(("results", "phase", "then", "health", "holder", "whole", "jobs", "verdict"))
+JOBS = ("restart", "rollback")
+# what every member registered of its job (its start, then its watch) and of the group's check after the jobs:
+# the role's registers (roles/trainer/tasks/group.yml)
+JOB_START, JOB_WATCH, GROUP_CHECK = "__trainer_job_start", "__trainer_job_watch", "__trainer_group_check"
+
+
+def checked_barrier(spec):
+    """``group_barrier`` as given -> the spec; ValueError saying what is wrong."""
+    if not isinstance(spec, dict) or not spec:
+        raise ValueError("group_barrier must be a dict (results, phase, then, health, holder, whole, jobs, verdict)")
+    unknown = sorted(set(spec) - BARRIER_KEYS)
+    if unknown:
+        raise ValueError("group_barrier: unknown key(s) %s (known: %s)" % (", ".join(unknown),
+                                                                           ", ".join(sorted(BARRIER_KEYS))))
+    if spec.get("verdict") not in (None,) + JOBS:
+        raise ValueError("group_barrier.verdict must be one of %s, got %r" % (", ".join(JOBS), spec["verdict"]))
+    if spec.get("jobs") and not spec.get("results"):
+        raise ValueError("group_barrier.jobs needs results (the lock taken back after the jobs)")
+    return spec
+
+
+def job_outcomes(members, registered):
+    """Each member's job outcome: its watch's, else the call that started it (``registered``: variable name ->
+    member -> what it registered)."""
+    watch, start = registered(JOB_WATCH), registered(JOB_START)
+    return dict((m, last_ran([watch.get(m), start.get(m)])) for m in members)
+
+
+def judged(spec, name, me, members, registered, alive=None, in_run=None, own=None, mine=None):
+    """The judgement ``spec`` (``group_barrier``) asks of the group before this member's task does anything ->
+    dict(stop, skip, fields): ``stop`` - the words every member's task fails with (nothing done on any member);
+    ``skip`` - why this task has nothing to do (it is skipped, on every member); ``fields`` - what the task's result
+    carries (the barrier's answer; the verdict and what follows it).
+
+    ``name``, ``members``: the group; ``me``: this member; ``registered(var)``: member -> what it registered as
+    ``var`` (a member absent from it is not in this run); ``alive``: the hosts still in the play; ``in_run``: the
+    hosts of this run; ``own``: member -> its own trainer_group; ``mine``: this member's ``plan`` (the group's plan),
+    ``done`` (the restart's verdict, for the rollback's), ``unit`` and ``watch_s``.
+
+    Keys of ``spec``: ``whole`` - every member is in this run and names the group; ``results``, ``phase``, ``then``,
+    ``health`` - every member passed the phase it registered as ``results`` (``barrier``); ``jobs`` - then whether
+    every member's job proved it (skipped when not: the verdict names them); ``verdict`` (restart or rollback) - the
+    group's verdict on that job and what follows it (``after_job``), the task skipped unless it says good."""
+    out = dict(stop=None, skip=None, fields={})
+    if spec.get("whole"):
+        out["stop"] = strays(name, members, own or {}) or not_whole(name, members, list(in_run or []))
+        if out["stop"]:
+            return out
+    if spec.get("results"):
+        results = registered(spec["results"])
+        passed = barrier(members, dict((m, results[m]) for m in members if m in results),
+                         spec.get("phase") or spec["results"], alive=alive, health=bool(spec.get("health")))
+        out["fields"]["barrier"] = passed
+        if passed["failed"]:
+            out["stop"] = passed["words"] + ("; %s" % spec["then"] if spec.get("then") else "")
+            return out
+    if spec.get("jobs"):
+        jobs = verdict(members, job_outcomes(members, registered))
+        if not jobs["ok"]:
+            out["skip"] = "not every member's job proved it (%s)" % jobs["words"]
+    if spec.get("verdict"):
+        out["fields"].update(job_verdict(spec["verdict"], me, members, registered, mine or {}))
+        if not out["fields"]["good"]:
+            out["skip"] = "nothing to mark good: %s" % out["fields"]["words"]
+    return out
+
+
+def job_verdict(job, me, members, registered, mine):
+    """The group's verdict on its ``job`` (every member's job proved, and every member still so at the group's
+    check) and what follows it (``after_job``), with ``said``: what this member says of a proved group."""
+    jobs = job_outcomes(members, registered)
+    plan = mine.get("plan") or {}
+    before = (mine.get("done") or {}).get("restart") if job == "rollback" else None
+    out = after_job(job, verdict(members, jobs, registered(GROUP_CHECK)), plan.get("rollback_release"), before,
+                    mine.get("watch_s") or 0)
+    outcome = (jobs.get(me) or {}).get("result") or {}
+    out["said"] = ["%s: release %s" % (out["words"], plan.get("release")),
+                   "%s ready: %s" % (mine.get("unit") or "", outcome.get("outcome") or "")]
+    return out
+
+
+def end_failure(restart, rollback=None):
+    """What the group's run ends with (``restart``: the restart's verdict, ``rollback``: the rollback's, as their
+    tasks registered them - a rollback that did not run registered its skip) -> the words the run fails with (rolled
+    back, or stopped), or None (the group proved)."""
+    done = last_ran([rollback, restart])
+    return (done.get("failure") or "trainer group: failed") if done.get("fail") else None
+
+
+def _dict(value):
+    return dict(value) if hasattr(value, "keys") else {}
+
+
+class Play(object):
+    """What an action reads of the play for its group's judgement: ``hostvars``, ``groups``, the hosts in the run,
+    this member's variables (templated by the action's templar)."""
+
+    def __init__(self, action, task_vars):
+        self.action, self.task_vars = action, task_vars or {}
+        self.hostvars = self.task_vars.get("hostvars") or {}
+        self.me = self.task_vars.get("inventory_hostname")
+
+    def var(self, name, default=None):
+        value = self.task_vars.get(name, default)
+        return self.action._templar.template(value) if value is not None else default  # pylint: disable=protected-access
+
+    def of(self, member, name):
+        """``name`` as ``member`` registered it ({} when it did not)."""
+        try:
+            return _dict(self.hostvars[member].get(name))
+        except KeyError:
+            return {}
+
+    def own_group(self, member):
+        try:
+            return self.hostvars[member].get("trainer_group") or ""
+        except KeyError:  # not known here: not judged
+            return None
+
+    def group(self):
+        """(name, members) of this member's trainer group; AnsibleActionFail when it has none."""
+        name = self.var("trainer_group", "") or ""
+        members = list((self.task_vars.get("groups") or {}).get(name) or [])
+        if not members:
+            raise AnsibleActionFail("trainer group %r has no members (is trainer_group an inventory group?)" % name)
+        return name, members
+
+    def registered(self, members):
+        """var -> member -> what it registered (the members known here)."""
+        return lambda var: dict((m, self.of(m, var)) for m in members if m in self.hostvars)
+
+    def judged(self, spec):
+        name, members = self.group()
+        mine = dict(plan=_dict(self.var("__trainer_group_plan", {})), done=_dict(self.var("__trainer_group_done", {})),
+                    unit=self.var("trainer_unit_name", ""), watch_s=self.var("trainer_watch_s", 0)) \
+            if spec.get("verdict") else None  # what this member's verdict reads (the role's registers, its unit)
+        return judged(spec, name, self.me, members, self.registered(members),
+                      alive=list(self.var("ansible_play_hosts", []) or []),
+                      in_run=list(self.var("ansible_play_hosts_all", []) or []),
+                      own=dict((m, self.own_group(m)) for m in members), mine=mine)
+
+
+def _judge(action, task_vars):
+    """``group_barrier`` popped from the task's args and judged -> (answer, fields): ``answer`` - the task's result
+    when it does nothing (a failed barrier: it fails, whatever the task ignores; skipped), else None; ``fields`` -
+    what the result of the task's own run carries."""
+    args = dict(action._task.args)  # pylint: disable=protected-access  # the task's own args
+    spec = args.pop(BARRIER_OPTION, None)
+    action._task.args = args  # pylint: disable=protected-access
+    if spec is None:
+        return None, {}
+    try:
+        spec = checked_barrier(spec)
+    except ValueError as exc:
+        raise AnsibleActionFail(str(exc)) from None
+    out = Play(action, task_vars).judged(spec)
+    if out["stop"]:
+        # every member fails here, with the barrier's words: a task that ignores its own failures (judged by the
+        # next barrier) does not ignore this one (the strategy reads the worker's task fields back)
+        action._task.ignore_errors = False  # pylint: disable=protected-access
+        answer = dict(failed=True, msg=out["stop"])  # its words alone, as the barrier's own task said them
+        if spec.get("holder"):  # nothing was done: the lock is held as before this task
+            answer["lock_holder"] = spec["holder"]
+        return answer, {}
+    carried = dict((k, v) for k, v in out["fields"].items() if k != "barrier")  # the verdict's fields
+    if out["skip"]:
+        return dict(carried, skipped=True, changed=False, skip_reason=out["skip"]), {}
+    return None, carried
+
+
+def barrier_first(action, task_vars):
+    """At the top of an action's run: its ``group_barrier`` judged before the task does anything -> None (the task
+    runs) or the task's result (a failed barrier's, or skipped)."""
+    answer, _fields = _judge(action, task_vars)
+    return answer
+
+
+def run_judged(action, run, tmp, task_vars, display=None):
+    """An action's ``run(tmp, task_vars)`` after its ``group_barrier`` -> the result, with what the judgement
+    carries (the verdict: said, on a proved group, as the watch says its lines)."""
+    answer, fields = _judge(action, task_vars)
+    if answer is not None:
+        return answer
+    result = run(tmp, task_vars)
+    if fields.get("report") and display is not None:
+        host = (task_vars or {}).get("inventory_hostname", "?")
+        for line in fields.get("said") or []:
+            display.display("[%s] %s" % (host, line))
+    return dict(result, **fields) if fields else result

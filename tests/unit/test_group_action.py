@@ -43,16 +43,6 @@ def first_read(upload):
                                                  "reasons": ["release switched to r2"], "upload": upload}}}
 
 
-def test_a_barrier_one_member_failed_fails_every_member_with_its_words():
-    hv = members(g0={"__r": {"changed": True}}, g1={"__r": {"failed": True, "msg": "no space left"}})
-    for me in M:
-        out = run(me, hv, kind="barrier", results="__r", phase="the upload", then="nothing was stopped")
-        assert out["failed"] is True
-        assert out["msg"] == "trainer group: the upload failed on 1 of 2 members - g1: no space left; nothing was stopped"
-    assert not run("g0", members(g0={"__r": {"changed": True}}, g1={"__r": {"skipped": True}}), kind="barrier", results="__r").get(
-        "failed")
-
-
 def test_the_plan_is_the_groups_with_each_members_part_and_refuses_by_itself():
     hv = members(g0=first_read(True), g1=first_read(False))
     g0 = run("g0", hv, kind="plan", results="__trainer_status_before", lock_token="tok")
@@ -68,29 +58,59 @@ def test_the_plan_is_the_groups_with_each_members_part_and_refuses_by_itself():
     assert gone["failed"] and gone["msg"].endswith("g1: did not reach this phase; nothing was changed on any member")
 
 
-def test_whole_and_stray_refuse_by_themselves():
-    out = run("g0", members(), play_hosts=["g0"], kind="whole")
-    assert out["failed"] and "g1 is not in this run" in out["msg"]
-    assert not run("g0", members(), kind="whole").get("failed")
+def test_a_plan_says_each_members_first_read_report_before_its_own_words():
+    hv = members(g0=first_read(True), g1=first_read(False))
+    for m in M:
+        hv[m]["__trainer_status_before"]["plan"].update(reasons=[], current="r2", upload=False)
+    hv["g1"]["__trainer_status_before"]["report"] = ["last restart job j1: proved release r2"]
+    g0, g1 = (run(m, hv, kind="plan", results="__trainer_status_before") for m in M)
+    assert g0["msg"] == "trainer group tg left running: release r2 on every member"
+    assert g1["msg"] == ["last restart job j1: proved release r2",
+                         "trainer group tg left running: release r2 on every member"]
+    hv["g1"]["__trainer_status_before"]["plan"].update(reasons=["trainer not running"])
+    restart = run("g1", hv, kind="plan", results="__trainer_status_before")
+    assert restart["restart"] and restart["msg"] == ["last restart job j1: proved release r2"]  # no words of its own
+    assert "msg" not in run("g0", hv, kind="plan", results="__trainer_status_before")
+
+
+def test_stray_refuses_by_itself():
     hv = members(g1={"trainer_group": ""})
     stray = run("g1", hv, kind="stray")
     assert stray["alone"] and stray["failed"] and "trainer_group is empty" in stray["msg"]
     assert run("g0", hv, kind="stray") == {"alone": False, "refused": None, "changed": False}
 
 
-def test_the_jobs_and_the_verdict_say_what_follows_and_never_fail_the_task_themselves():
-    done = {"__trainer_job_start": {"started": True, "finished": True, "result": {"ok": True, "outcome": "step 9"}}}
-    died = {"__trainer_job_start": {"started": True, "finished": True, "result": {"ok": False, "msg": "exited 1"}}}
-    hv = members(g0=dict(done, __trainer_group_relock={"changed": False}), g1=dict(died, __trainer_group_relock={"changed": False}))
-    jobs = run("g0", hv, kind="jobs", results="__trainer_group_relock")
-    assert jobs["check"] is False and jobs["outcome"]["result"]["outcome"] == "step 9"
+def test_the_end_fails_with_the_verdicts_failure_or_the_watchs_barrier_and_passes_a_group_that_stayed_up():
+    watch = dict(kind="end", results="__w", phase="the watch (trainer_watch_s=60)", health=True)
+    up = {"health": {"ok": True}, "watched_s": 60.0}
+    died = {"health": {"ok": False, "words": "restarted by systemd (NRestarts 1)"}, "watched_s": 12.5}
+    hv = members(g0={"__w": up, "__trainer_group_done": {"fail": False, "watch": True}},
+                 g1={"__w": died, "__trainer_group_done": {"fail": False, "watch": True}})
+    for me in M:
+        out = run(me, hv, **watch)
+        assert out["failed"] and out["msg"] == ("trainer group: the watch (trainer_watch_s=60) failed on 1 of 2 members "
+                                                "- g1: did not stay up for 12.5 s after the group's proof: restarted "
+                                                "by systemd (NRestarts 1)")
+    hv["g1"]["__w"] = up
+    assert not run("g1", hv, **watch).get("failed")
+    failure = "trainer group: 1 of 2 members failed their proof - g1: exited 1. Every member was put back on release r1"
     for m in M:
-        hv[m]["__trainer_group_jobs"] = run(m, hv, kind="jobs", results="__trainer_group_relock")
-        hv[m]["__trainer_group_plan"] = {"release": "r2", "rollback_release": "r1"}
-    out = run("g0", hv, kind="verdict", job="restart")
-    assert out["rollback"] and not out["good"] and "failed" not in out and out["members"] == ["g1"]
-    with pytest.raises(AnsibleActionFail, match="kind must be one of"):
-        run("g0", hv, kind="vote")
+        hv[m]["__trainer_group_done"] = {"fail": True, "failure": failure}
+        hv[m]["__w"] = {"skipped": True}
+    out = run("g0", hv, **watch)
+    assert out["failed"] and out["msg"] == failure
+    # a rollback that ran ends the run with its own words (the restart's verdict and what the rollback left)
+    rolled = failure + " and proved again (trainer group: every member (g0, g1) proved)."
+    for m in M:
+        hv[m]["__trainer_group_done"] = {"fail": False, "rollback": True, "failure": ""}
+        hv[m]["__trainer_group_rollback"] = {"fail": True, "failure": rolled}
+    assert run("g1", hv, **watch)["msg"] == rolled
+    for m in M:  # a rollback that did not run registered its skip: the restart's verdict ends the run
+        hv[m]["__trainer_group_done"] = {"fail": True, "failure": failure}
+        hv[m]["__trainer_group_rollback"] = {"skipped": True, "skip_reason": "Conditional result was False"}
+    assert run("g1", hv, **watch)["msg"] == failure
+    with pytest.raises(AnsibleActionFail, match="kind must be one of stray, plan, end"):
+        run("g0", hv, kind="verdict")
 
 
 PLAYBOOK = """

@@ -1,6 +1,6 @@
 """One decider for the trainer group: the group play of playbooks/deploy.yml is held to the rule of
 decider_rule.py, as the role's task files are (test_one_decider.py, group*.yml included); the group's path
-reads in two task files whose leaf tasks only go down."""
+reads in one task file whose leaf tasks only go down."""
 import glob
 import os
 
@@ -40,9 +40,9 @@ def leaves(items):
     return [t for t in tasks(items) if not any(k in t for k in LEAF_KEYS)]
 
 
-def test_the_group_restart_is_two_files_and_few_tasks():
-    """The group's path reads in one file (group.yml) and the job it runs twice (group_job.yml: restart,
-    rollback); the counts only go down."""
-    assert GROUP_FILES == ["group.yml", "group_job.yml"]
+def test_the_group_restart_is_one_file_and_few_tasks():
+    """The group's path reads in one file (group.yml: the restart job and the rollback job written in it, each
+    barrier judged by the task after it); the count only goes down."""
+    assert GROUP_FILES == ["group.yml"]
     counted = dict((name, len(leaves(_load(os.path.join(TASKS, name))))) for name in GROUP_FILES)
     assert sum(counted.values()) <= 22, counted

@@ -38,6 +38,7 @@ RESTART_OPTIONS = dict(
     seen=dict(type="int"),
     watch_calls=dict(type="int"),
     group_hold=dict(type="dict"),
+    group_barrier=dict(type="dict"),
     job=dict(type="dict"),
     preflight=dict(type="dict", options=PREFLIGHT_SUBOPTIONS),
     environment_json=dict(type="str", default="{}", no_log=True),
