@@ -34,7 +34,7 @@ options:
       - The role's entry point whose run this task begins (the role's C(main.yml), which C(restart), C(rollback),
         C(start) and C(stop) import) - it sets O(entry) (C(main) for main, C(rollback) for rollback, C(restart) for
         the others), takes the argument spec too for C(main) (as O(spec)), and returns what the run's first read
-        plans for (RV(intent), RV(installs), RV(enable)).
+        plans for (RV(intent), RV(installs), RV(enable), RV(upload)).
     type: str
     choices: [main, restart, rollback, start, stop]
   variables:
@@ -123,6 +123,12 @@ installs:
   returned: by the action plugin, with O(run), when the inputs are accepted
   type: bool
   sample: true
+upload:
+  description: What a deploy sends when its plan uploads (C(src), C(excludes), C(keep) - trainer_src,
+    trainer_release_excludes, trainer_release_keep); null for the other entry points.
+  returned: by the action plugin, with O(run), when the inputs are accepted
+  type: dict
+  sample: {"src": "examples/trainer", "excludes": [".git"], "keep": 5}
 enable:
   description: Whether the run's job enables a unit a deliberate stop disabled (a start, unless trainer_unit_enabled is false).
   returned: by the action plugin, with O(run), when the inputs are accepted

@@ -48,27 +48,36 @@ ENTRIES = ("main", "restart", "rollback", "status")
 # entry point -> (the input check's entry, the plan's intent entry: plugins/module_utils/plan/decide.py)
 RUNS = {"main": ("main", "deploy"), "restart": ("restart", "restart"), "rollback": ("rollback", "rollback"),
         "start": ("restart", "start"), "stop": ("restart", "stop")}
+# the role's variables run_intent reads for each of them (tests/unit/test_argument_specs.py: each is in its spec)
+RUN_VARIABLES = {"main": ("trainer_src", "trainer_release_excludes", "trainer_release_keep", "trainer_force_restart"),
+                 "restart": (), "rollback": ("trainer_rollback_release",), "start": ("trainer_unit_enabled",),
+                 "stop": ("trainer_stop_disable",)}
 
 
 def run_intent(run, v, release=None):
-    """What the run of the role's entry point ``run`` (RUNS) is for, from the play's variables ``v`` (checked)
-    -> dict(intent, installs, enable): V(intent) the first read plans from (entry; a deploy's ``release``, the
-    id of trainer_src computed on the controller, and ``force``; a rollback's ``rollback_release``; a stop's
-    ``disable``), V(installs) (the run's job installs the unit, launcher and environment file: a deploy),
-    V(enable) (the job enables a unit a stop disabled: a start, unless trainer_unit_enabled is false)."""
+    """What the run of the role's entry point ``run`` (RUNS) is for, from the play's variables ``v`` (checked;
+    only those RUN_VARIABLES names for it are read) -> dict(intent, installs, enable, upload): V(intent) the first
+    read plans from (entry; a deploy's ``release``, the id of trainer_src computed on the controller, and
+    ``force``; a rollback's ``rollback_release``; a stop's ``disable``), V(installs) (the run's job installs the
+    unit, launcher and environment file: a deploy), V(enable) (the job enables a unit a stop disabled: a start,
+    unless trainer_unit_enabled is false), V(upload) (what a deploy sends when its plan uploads: src, excludes,
+    keep; None for the others)."""
     if run not in RUNS:
         raise ValueError("run must be one of %s, not %r" % (", ".join(RUNS), run))
     entry = RUNS[run][1]
-    intent = dict(entry=entry)
+    intent, upload, enable = dict(entry=entry), None, False
     if entry == "deploy":
         intent.update(release=release or "", force=boolean(v.get("trainer_force_restart") or False, strict=False))
+        upload = dict(src=v.get("trainer_src"), excludes=v.get("trainer_release_excludes"),
+                      keep=v.get("trainer_release_keep"))
     elif entry == "rollback":
         intent["rollback_release"] = v.get("trainer_rollback_release") or ""
     elif entry == "stop":
         intent["disable"] = boolean(v.get("trainer_stop_disable") or False, strict=False)
-    enabled = v.get("trainer_unit_enabled")
-    return dict(intent=intent, installs=entry == "deploy",
-                enable=entry == "start" and boolean(True if enabled is None else enabled, strict=False))
+    elif entry == "start":
+        enabled = v.get("trainer_unit_enabled")
+        enable = boolean(True if enabled is None else enabled, strict=False)
+    return dict(intent=intent, installs=entry == "deploy", enable=enable, upload=upload)
 
 
 # Characters a path may hold: it reaches a unit file, an EnvironmentFile and argv lists; a space,

@@ -67,6 +67,9 @@ def uses(entry):
             continue
         seen.add((name, tuple(sorted(chosen.items()))))
         text.append(read("tasks", name))
+        if name == "main.yml":  # the run's input check reads its entry point's variables in Python
+            from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUN_VARIABLES
+            text.append(" ".join(RUN_VARIABLES[chosen.get("__trainer_run", "main")]))
         for task in _tasks(load("tasks", name)):
             inc = _included(task, chosen)
             if inc:
@@ -193,6 +196,7 @@ def test_shared_options_are_written_once():
 def test_the_checks_can_fail(specs, defaults, used):
     wrong = copy.deepcopy(specs)
     wrong["restart"]["options"]["trainer_release_keep"] = {"type": "int", "default": 6}
+    wrong["restart"]["options"]["trainer_src"] = {"type": "str"}
     # (the groups are shared: replace an entry point's option, not the group's)
     wrong["status"]["options"]["trainer_root"] = dict(wrong["status"]["options"]["trainer_root"], default="/opt/other")
     wrong["main"]["options"]["trainer_ready_hold_s"] = dict(wrong["main"]["options"]["trainer_ready_hold_s"],
@@ -208,7 +212,7 @@ def test_the_checks_can_fail(specs, defaults, used):
     assert "rollback reads trainer_gpus, which its argument spec lacks" in problems
     assert "history's argument spec lists trainer_nope_s, which it never reads" in problems
     assert not any(p.startswith("restart's") for p in problems)        # restart validates every variable
-    assert "restart's argument spec lists trainer_release_keep, which it never reads" in \
+    assert "restart's argument spec lists trainer_src, which it never reads" in \
         coverage_problems(wrong, defaults, used, strict={"restart"})
     del wrong["logs"]
     assert "entry point logs has no argument spec" in coverage_problems(wrong, defaults, used)

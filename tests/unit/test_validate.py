@@ -245,23 +245,44 @@ def test_default_places_in_messages_are_the_role_defaults():
         assert defaults[name] == place, name
 
 
-NO_JOB_FLAGS = dict(installs=False, enable=False)
+NO_JOB_FLAGS = dict(installs=False, enable=False, upload=None)
+UPLOAD = dict(src="examples/trainer", excludes=[".git"], keep=5)
 
 
 @pytest.mark.parametrize("run, variables, want", [
-    ("main", dict(trainer_force_restart="yes"),
-     dict(intent=dict(entry="deploy", release="r9", force=True), installs=True, enable=False)),
-    ("main", {}, dict(intent=dict(entry="deploy", release="r9", force=False), installs=True, enable=False)),
+    ("main", dict(trainer_force_restart="yes", trainer_src="examples/trainer", trainer_release_excludes=[".git"],
+                  trainer_release_keep=5),
+     dict(intent=dict(entry="deploy", release="r9", force=True), installs=True, enable=False, upload=UPLOAD)),
+    ("main", {}, dict(intent=dict(entry="deploy", release="r9", force=False), installs=True, enable=False,
+                      upload=dict(src=None, excludes=None, keep=None))),
     ("restart", {}, dict(NO_JOB_FLAGS, intent=dict(entry="restart"))),
     ("rollback", dict(trainer_rollback_release="r1"), dict(NO_JOB_FLAGS, intent=dict(entry="rollback", rollback_release="r1"))),
     ("rollback", dict(trainer_rollback_release=None), dict(NO_JOB_FLAGS, intent=dict(entry="rollback", rollback_release=""))),
-    ("start", {}, dict(intent=dict(entry="start"), installs=False, enable=True)),
+    ("start", {}, dict(NO_JOB_FLAGS, intent=dict(entry="start"), enable=True)),
     ("start", dict(trainer_unit_enabled=False), dict(NO_JOB_FLAGS, intent=dict(entry="start"))),
     ("stop", dict(trainer_stop_disable="true"), dict(NO_JOB_FLAGS, intent=dict(entry="stop", disable=True))),
 ])
 def test_each_entry_point_that_runs_says_what_its_first_read_plans_for(run, variables, want):
     assert v.run_intent(run, variables, release="r9") == want
     assert v.RUNS[run][0] in v.ENTRIES  # the input check it takes
+
+
+class _Recording(dict):
+    def __init__(self):
+        super().__init__()
+        self.read = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize("run", sorted(v.RUNS))
+def test_a_run_reads_only_its_listed_variables(run):
+    """RUN_VARIABLES is what the argument spec test counts as the entry point's reads: it must be all of them."""
+    seen = _Recording()
+    v.run_intent(run, seen, release="r9")
+    assert seen.read == set(v.RUN_VARIABLES[run])
 
 
 def test_an_unknown_run_is_refused():
