@@ -44,9 +44,8 @@ from ansible_collections.dflash.trainer.plugins.module_utils.release.diff import
 from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import (
     DEFAULT_EXCLUDES,
     ReleaseError,
-    scan_tree,
 )
-from ansible_collections.dflash.trainer.plugins.plugin_utils._release_cache import HashCache
+from ansible_collections.dflash.trainer.plugins.plugin_utils._release_cache import resolve_src, scan_cached
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group_hold import run_held
 from ansible_collections.dflash.trainer.plugins.plugin_utils._payload_cache import KeptPayload
 
@@ -110,12 +109,10 @@ class ActionModule(KeptPayload, ActionBase):
         # Everything that can fail on the controller fails here, before the target is touched.
         started = time.monotonic()
         try:
-            src_path = self._resolve_src(to_text(src))
-            cache = HashCache.for_tree(src_path)
-            scan = scan_tree(src_path, excludes, hasher=cache.hasher)
+            src_path = resolve_src(to_text(src), self._find_needle)
+            scan, cache = scan_cached(src_path, excludes)
         except (AnsibleError, ReleaseError, OSError) as e:
             return self._fail(result, to_native(e))
-        cache.save()
         if cache.error:
             display.vvv("trainer_release: hash cache: %s" % cache.error)
 
@@ -340,23 +337,6 @@ class ActionModule(KeptPayload, ActionBase):
             result.pop("base", None)
         result.update(tree)
         return result
-
-    def _resolve_src(self, src):
-        src = os.path.expanduser(src)
-        if os.path.isabs(src):
-            path = src
-        else:
-            try:
-                path = self._find_needle("files", src)
-            except AnsibleError:
-                raise AnsibleError("src %s does not exist on the controller (searched the role's "
-                                   "files/ and the playbook directory)" % src)
-        path = os.path.abspath(path)
-        if not os.path.exists(path):
-            raise AnsibleError("src %s does not exist on the controller" % path)
-        if not os.path.isdir(path):
-            raise AnsibleError("src %s is not a directory; a release is built from a directory" % path)
-        return path
 
     @staticmethod
     def _fail(result, msg, **extra):

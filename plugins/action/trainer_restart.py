@@ -60,9 +60,9 @@ class ActionModule(KeptPayload, NormalAction):
             raise AnsibleActionFail(str(exc), result=dict(not_started=True, lock_holder="play")) from None
         args = dict(self._task.args)
         calls = args.pop("watch_calls", None)
-        # kind: restart or stop - or the operation that started the job (the plan's job_operation: start is a restart)
-        begun, kind = args.pop("begun", None), {"start": "restart"}.get(args.get("kind"), args.get("kind") or "restart")
-        args.pop("kind", None)
+        begun, kind = args.pop("begun", None), args.pop("kind", None) or "restart"
+        if kind == "start":  # the operation that started the job (the plan's job_operation): a restart
+            kind = "restart"
         host = (task_vars or {}).get("inventory_hostname", "?")
         if args.get("operation") in ("start", "stop") and not args.get("job_id"):
             args["job_id"] = job_name(args)

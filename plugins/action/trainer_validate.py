@@ -14,15 +14,16 @@ import string
 import subprocess
 
 from ansible.errors import AnsibleError
-from ansible.module_utils.common.text.converters import to_native
+from ansible.module_utils.common.text.converters import to_native, to_text
 from ansible.plugins.action import ActionBase
-from ansible.plugins.loader import lookup_loader
 
 from ansible_collections.dflash.trainer.plugins.module_utils.target.config_id import unit_path_of
 from ansible_collections.dflash.trainer.plugins.module_utils.target.ownership import managed
 from ansible_collections.dflash.trainer.plugins.module_utils.plan.target_checks import message, target_problems
 from ansible_collections.dflash.trainer.plugins.plugin_utils._group import barrier_first
 from ansible_collections.dflash.trainer.plugins.plugin_utils._input_check import entry_check
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import DEFAULT_EXCLUDES, ReleaseError
+from ansible_collections.dflash.trainer.plugins.plugin_utils._release_cache import resolve_src, scan_cached
 from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUNS, run_intent, src_problems
 
 
@@ -59,12 +60,12 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("entry", "run", "variables", "gpus", "unit", "spec", "lock_token", "group_barrier"))
 
-    def _release_id(self, variables, task_vars):
-        """The id of the release trainer_src would become, as the role's lookup dflash.trainer.release_id computes
-        it (the same search path and per-file hash cache as the release's upload)."""
-        lookup = lookup_loader.get("dflash.trainer.release_id", loader=self._loader, templar=self._templar)
-        return lookup.run([variables.get("trainer_src")], variables=task_vars,
-                          excludes=variables.get("trainer_release_excludes"))[0]
+    def _release_id(self, variables):
+        """The id of the release trainer_src would become: the release's own scan (the same search path and per-file
+        hash cache as the upload, plugin_utils/_release_cache.py)."""
+        excludes = variables.get("trainer_release_excludes")
+        excludes = list(DEFAULT_EXCLUDES) if excludes is None else [to_text(x) for x in excludes]
+        return scan_cached(resolve_src(to_text(variables.get("trainer_src")), self._find_needle), excludes)[0].release_id
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
@@ -97,8 +98,8 @@ class ActionModule(ActionBase):
             result["source"] = describe_source(variables.get("trainer_src"))
         if run and not problems:  # what the run's first read plans for
             try:
-                release = self._release_id(variables, task_vars) if run == "main" else None
-            except AnsibleError as exc:
+                release = self._release_id(variables) if RUNS[run][1] == "deploy" else None
+            except (AnsibleError, ReleaseError, OSError) as exc:
                 result.update(failed=True, msg="input check failed: %s" % to_native(exc))
                 return result
             result.update(run_intent(run, variables, release))

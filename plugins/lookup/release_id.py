@@ -48,8 +48,8 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_native, to_text
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.dflash.trainer.plugins.plugin_utils._release_cache import HashCache
-from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import DEFAULT_EXCLUDES, ReleaseError, scan_tree
+from ansible_collections.dflash.trainer.plugins.plugin_utils._release_cache import scan_cached
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import DEFAULT_EXCLUDES, ReleaseError
 
 
 class LookupModule(LookupBase):
@@ -67,9 +67,7 @@ class LookupModule(LookupBase):
         excludes = list(DEFAULT_EXCLUDES) if excludes is None else [to_text(x) for x in excludes]
         path = os.path.abspath(path)
         try:
-            cache = HashCache.for_tree(path)
-            scan = scan_tree(path, excludes, hasher=cache.hasher)
+            scan, _cache = scan_cached(path, excludes)
         except (ReleaseError, OSError) as e:
             raise AnsibleError(to_native(e)) from None
-        cache.save()
         return [scan.release_id]

@@ -32,11 +32,11 @@ options:
   run:
     description:
       - The role's entry point whose run this task begins (the role's C(main.yml), which C(restart), C(rollback),
-        C(start) and C(stop) import) - it sets O(entry) (C(main) for main, C(rollback) for rollback, C(restart) for
-        the others), takes the argument spec too for C(main) (as O(spec)), and returns what the run's first read
-        plans for (RV(intent), RV(installs), RV(enable), RV(upload)).
+        C(start) and C(stop) import; C(group.yml)) - it sets O(entry) (C(main) for main and group, C(rollback) for
+        rollback, C(restart) for the others), takes the argument spec too for C(main) (as O(spec)), and returns what
+        the run's first read plans for (RV(intent), RV(installs), RV(enable), RV(upload)).
     type: str
-    choices: [main, restart, rollback, start, stop]
+    choices: [main, restart, rollback, start, stop, group]
   variables:
     description:
       - The variables to check. The action plugin fills this from the play's C(trainer_*)
@@ -113,7 +113,8 @@ intent:
   description:
     - What the run's first read (M(dflash.trainer.trainer_plan)'s O(dflash.trainer.trainer_plan#module:intent)) plans
       for - C(entry) (deploy for main), a deploy's C(release) (the id trainer_src would become, computed here as the
-      lookup dflash.trainer.release_id computes it) and C(force) (trainer_force_restart), a rollback's
+      lookup dflash.trainer.release_id computes it) and C(force) (trainer_force_restart), a group member's C(hold)
+      (its lock kept for the group to decide), a rollback's
       C(rollback_release) (trainer_rollback_release), a stop's C(disable) (trainer_stop_disable).
   returned: by the action plugin, with O(run), when the inputs are accepted
   type: dict

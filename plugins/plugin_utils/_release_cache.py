@@ -34,7 +34,9 @@ import re
 import tempfile
 import time
 
-from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import file_sha256
+from ansible.errors import AnsibleError
+
+from ansible_collections.dflash.trainer.plugins.module_utils.release.scan import file_sha256, scan_tree
 
 CACHE_VERSION = 1
 RACY_NS = 3 * 10 ** 9
@@ -193,3 +195,34 @@ class HashCache(object):
                     os.unlink(path)
             except OSError:
                 pass
+
+
+def resolve_src(src, find_needle):
+    """The absolute directory a release is built from: SRC (text; ~ expanded), or, relative, found by FIND_NEEDLE
+    (an action's ``_find_needle``: the role's files/, the playbook directory) -> its path; AnsibleError when it is
+    not a directory on the controller."""
+    src = os.path.expanduser(src)
+    if os.path.isabs(src):
+        path = src
+    else:
+        try:
+            path = find_needle("files", src)
+        except AnsibleError:  # Ansible's "could not find", in our words
+            raise AnsibleError("src %s does not exist on the controller (searched the role's files/ and the playbook "
+                               "directory)" % src) from None
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise AnsibleError("src %s does not exist on the controller" % path)
+    if not os.path.isdir(path):
+        raise AnsibleError("src %s is not a directory; a release is built from a directory" % path)
+    return path
+
+
+def scan_cached(path, excludes):
+    """scan_tree of the directory PATH (absolute) with the controller's hash cache, the cache saved after -> (the
+    scan, the cache: its counts and error). ReleaseError or OSError when the tree cannot be a release. The one scan
+    of a release source: trainer_release's action, the release_id lookup and the run's input check use it."""
+    cache = HashCache.for_tree(path)
+    scan = scan_tree(path, excludes, hasher=cache.hasher)
+    cache.save()
+    return scan, cache

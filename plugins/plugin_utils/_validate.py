@@ -44,13 +44,15 @@ from ansible_collections.dflash.trainer.plugins.module_utils.proof.trainer_log i
 
 ENTRIES = ("main", "restart", "rollback", "status")
 
-# The role's entry points that run (main.yml, and restart, rollback, start and stop, which import it):
-# entry point -> (the input check's entry, the plan's intent entry: plugins/module_utils/plan/decide.py)
+# The role's entry points that run (main.yml, and restart, rollback, start and stop, which import it; group.yml,
+# a trainer group's deploy): entry point -> (the input check's entry, the plan's intent entry:
+# plugins/module_utils/plan/decide.py)
 RUNS = {"main": ("main", "deploy"), "restart": ("restart", "restart"), "rollback": ("rollback", "rollback"),
-        "start": ("restart", "start"), "stop": ("restart", "stop")}
+        "start": ("restart", "start"), "stop": ("restart", "stop"), "group": ("main", "deploy")}
 # the role's variables run_intent reads for each of them (tests/unit/test_argument_specs.py: each is in its spec)
-RUN_VARIABLES = {"main": ("trainer_src", "trainer_release_excludes", "trainer_release_keep", "trainer_force_restart"),
-                 "restart": (), "rollback": ("trainer_rollback_release",), "start": ("trainer_unit_enabled",),
+_DEPLOY_VARIABLES = ("trainer_src", "trainer_release_excludes", "trainer_release_keep", "trainer_force_restart")
+RUN_VARIABLES = {"main": _DEPLOY_VARIABLES, "group": _DEPLOY_VARIABLES, "restart": (),
+                 "rollback": ("trainer_rollback_release",), "start": ("trainer_unit_enabled",),
                  "stop": ("trainer_stop_disable",)}
 
 
@@ -58,7 +60,8 @@ def run_intent(run, v, release=None):
     """What the run of the role's entry point ``run`` (RUNS) is for, from the play's variables ``v`` (checked;
     only those RUN_VARIABLES names for it are read) -> dict(intent, installs, enable, upload): V(intent) the first
     read plans from (entry; a deploy's ``release``, the id of trainer_src computed on the controller, and
-    ``force``; a rollback's ``rollback_release``; a stop's ``disable``), V(installs) (the run's job installs the
+    ``force``; a group member's ``hold``: its lock kept for the group to decide; a rollback's
+    ``rollback_release``; a stop's ``disable``), V(installs) (the run's job installs the
     unit, launcher and environment file: a deploy), V(enable) (the job enables a unit a stop disabled: a start,
     unless trainer_unit_enabled is false), V(upload) (what a deploy sends when its plan uploads: src, excludes,
     keep; None for the others)."""
@@ -70,6 +73,8 @@ def run_intent(run, v, release=None):
         intent.update(release=release or "", force=boolean(v.get("trainer_force_restart") or False, strict=False))
         upload = dict(src=v.get("trainer_src"), excludes=v.get("trainer_release_excludes"),
                       keep=v.get("trainer_release_keep"))
+        if run == "group":
+            intent["hold"] = True
     elif entry == "rollback":
         intent["rollback_release"] = v.get("trainer_rollback_release") or ""
     elif entry == "stop":

@@ -24,6 +24,8 @@ import pytest
 import yaml
 from role_tasks import tasks as _tasks
 
+from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUN_VARIABLES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "trainer")
 VAR_RE = re.compile(r"\b(_{0,2}trainer_[a-z0-9_]+)\b")
@@ -67,10 +69,11 @@ def uses(entry):
             continue
         seen.add((name, tuple(sorted(chosen.items()))))
         text.append(read("tasks", name))
-        if name == "main.yml":  # the run's input check reads its entry point's variables in Python
-            from ansible_collections.dflash.trainer.plugins.plugin_utils._validate import RUN_VARIABLES
-            text.append(" ".join(RUN_VARIABLES[chosen.get("__trainer_run", "main")]))
         for task in _tasks(load("tasks", name)):
+            run = (task.get("dflash.trainer.trainer_validate") or {}).get("run")
+            if run:  # a run's input check reads its entry point's variables in Python (main.yml's: its importer's)
+                run = chosen.get("__trainer_run", "main") if "{{" in run else run
+                text.append(" ".join(RUN_VARIABLES[run]))
             inc = _included(task, chosen)
             if inc:
                 todo.append((inc[0], dict(chosen, **{k: v for k, v in inc[1].items() if isinstance(v, str)})))
